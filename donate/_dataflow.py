@@ -221,13 +221,17 @@ class _Walker:
     return outs
 
 
-def analyze(closed: jcore.ClosedJaxpr) -> Dataflow:
-  """Analyzes a traced program whose inputs are the flat leaves, in order."""
+def analyze(closed: jcore.ClosedJaxpr, skip: int = 0) -> Dataflow:
+  """Analyzes a traced program whose inputs are the flat leaves, in order.
+
+  The first `skip` inputs are hoisted constants, not leaves: they are no buffer's origin.
+  """
   jaxpr = closed.jaxpr
-  n = len(jaxpr.invars)
+  n = len(jaxpr.invars) - skip
   walker = _Walker()
-  _, sources = walker.walk(jaxpr, list(range(n)), [{i: IDENTITY} for i in range(n)])
+  origins = [None] * skip + list(range(n))
+  _, sources = walker.walk(jaxpr, origins, [{}] * skip + [{i: IDENTITY} for i in range(n)])
   explicit = tuple(frozenset(k for k, s in src.items() if s >= EXPLICIT) for src in sources)
   plain = tuple({k: min(s, IDENTITY) for k, s in src.items()} for src in sources)
   return Dataflow(tuple(walker.annotations), plain, explicit,
-                  tuple(_jax_private.used_inputs(jaxpr)))
+                  tuple(_jax_private.used_inputs(jaxpr)[skip:]))

@@ -2,27 +2,50 @@
 
 Every message has one shape: what went wrong, which leaf (by pytree path), what was expected and
 what was received, and how to fix it.
+
+`DonationError` is the family and a `ValueError` (what `jax.jit` raises for most misuse, and what
+every donate-only misuse raises). Where `jax.jit` raises another built-in type for the same
+mistake, the raise site uses the member that is also that type, so code written against `jax.jit`
+keeps catching it: `DonationTypeError`, and `DonationRuntimeError` (the same buffer donated twice in
+one call: `jax.jit` reports it from the runtime as a `RuntimeError`).
 """
 
 from __future__ import annotations
+
+JAX_UNUSABLE_PREFIX = "Some donated buffers were not usable:"
+"""How `jax.jit`'s own warning starts; donate's warning starts the same way so filters keep working."""
 
 
 class DonationError(ValueError):
   """Raised for misuse of donation, aliasing or symmetric-memory annotations.
 
-  Raised before anything is executed, so every input is still alive when it is seen.
+  Raised before anything is executed, so every input is still alive when it is seen. Each
+  instance is also the built-in exception type `jax.jit` raises for the same mistake.
 
   >>> import donate
+  >>> from donate import _errors
   >>> issubclass(donate.DonationError, ValueError)
   True
+  >>> issubclass(_errors.DonationRuntimeError, (donate.DonationError, RuntimeError))
+  True
   """
+
+
+class DonationTypeError(DonationError, TypeError):
+  """A `DonationError` that is a `TypeError`."""
+
+
+class DonationRuntimeError(DonationError, RuntimeError):
+  """A `DonationError` that is a `RuntimeError` (as `jax.jit` reports a buffer donated twice)."""
 
 
 class UnusableDonationWarning(UserWarning):
   """Warned (outside strict mode) when a requested donation cannot be used.
 
-  The message names each leaf by its pytree path with its shape, dtype, sharding and memory kind,
-  the nearest output and the field that differs.
+  The text starts with `jax.jit`'s own sentence, "Some donated buffers were not usable:", so
+  existing `warnings.filterwarnings(..., message="Some donated buffers were not usable")` filters
+  keep working; it then names each leaf by its pytree path with its shape, dtype, sharding and
+  memory kind, the nearest output and the field that differs.
 
   >>> import donate
   >>> issubclass(donate.UnusableDonationWarning, UserWarning)

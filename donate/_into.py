@@ -1,6 +1,6 @@
 """Preallocated outputs: `g.into(out)(*args)` writes each result into the caller's buffer.
 
-The buffers in `out` become extra donated inputs, and each result is declared an `alias` of its
+The buffers in `out` become an extra first argument, and each result is declared an `alias` of its
 buffer, so the planner pairs them explicitly and XLA writes the result straight into the caller's
 memory (a loop that fills a `[T, ...]` output slice by slice updates that buffer in place). The
 result arrays live at the buffers' addresses, so a caller can keep a stable address across steps by
@@ -11,12 +11,15 @@ before anything is consumed.
 from __future__ import annotations
 
 import inspect
+import threading
 
 import jax
 from jax import tree_util
 
 from donate import _errors
 from donate._primitives import alias
+
+_lock = threading.Lock()
 
 
 def _is_none(x) -> bool:
@@ -56,37 +59,51 @@ def _check_buffers(out):
           fix="allocate it with jnp.empty/jnp.zeros on the device"))
 
 
-def _wrapper_for(wrapped):
-  """The `donate.jit` of `(out, *args) -> fun(*args)` written into `out`, made once per function."""
-  cached = getattr(wrapped, "_into_wrapper", None)
-  if cached is not None:
-    return cached
-  from donate._jit import JitWrapped  # noqa: PLC0415 - _jit imports this module lazily
+def _shift(nums):
+  """Argument numbers of the function as numbers of `(into, *args)`."""
+  if nums is None:
+    return None
+  nums = (nums,) if isinstance(nums, int) else tuple(nums)
+  return tuple(n + 1 if n >= 0 else n for n in nums)
 
+
+def _with_out(wrapped):
+  """`(into, *args, **kwargs) -> fun(*args, **kwargs)` written into `into`."""
   fun = wrapped._fun
 
   def with_out(into, *args, **kwargs):
     return _check_and_alias(into, fun(*args, **kwargs))
 
   with_out.__name__ = with_out.__qualname__ = wrapped._name + ".into"
-  if wrapped._signature is not None:  # keep the parameter names for paths and donate_argnames
+  try:
+    signature = inspect.signature(fun)
+  except (TypeError, ValueError):
+    signature = None
+  if signature is not None:  # keep the parameter names for paths and argnames
     out_param = inspect.Parameter("into", inspect.Parameter.POSITIONAL_ONLY)
-    with_out.__signature__ = wrapped._signature.replace(
-        parameters=[out_param, *wrapped._signature.parameters.values()])
-  kwargs = dict(wrapped._jit_kwargs)
-  shift = lambda nums: tuple(n + 1 for n in nums)
-  if wrapped._static_nums or wrapped._static_names:
-    kwargs["static_argnums"] = shift(wrapped._static_nums)
-    kwargs["static_argnames"] = tuple(wrapped._static_names)
-  if wrapped._in_shardings is not None:
-    in_sh = wrapped._in_shardings
-    kwargs["in_shardings"] = (None, *in_sh) if isinstance(in_sh, (tuple, list)) else None
-  if wrapped._out_shardings is not None:
-    kwargs["out_shardings"] = wrapped._out_shardings
-  wrapped._into_wrapper = JitWrapped(
-      with_out, shift(wrapped._donate_nums), tuple(wrapped._donate_names), wrapped._strict,
-      dict(kwargs, keep_unused=wrapped._keep_unused))
-  return wrapped._into_wrapper
+    with_out.__signature__ = signature.replace(
+        parameters=[out_param, *signature.parameters.values()])
+  return with_out
+
+
+def _wrapper_for(wrapped):
+  """The `donate.jit` of `_with_out(wrapped)`, made once per function."""
+  with _lock:
+    cached = getattr(wrapped, "_into_wrapper", None)
+    if cached is not None:
+      return cached
+    from donate._jit import JitWrapped  # noqa: PLC0415 - _jit imports this module lazily
+    kwargs = dict(wrapped._jit_kwargs)
+    if kwargs.get("static_argnums") is not None:
+      kwargs["static_argnums"] = _shift(kwargs["static_argnums"])
+    in_sh = kwargs.get("in_shardings")
+    if in_sh is not None:
+      kwargs["in_shardings"] = (None, *in_sh) if isinstance(in_sh, (tuple, list)) else in_sh
+    donate_argnums, donate_argnames = wrapped._user_argnums
+    wrapped._into_wrapper = JitWrapped(
+        _with_out(wrapped), _shift(donate_argnums), donate_argnames, wrapped._strict,
+        wrapped._adopt_inner, kwargs)
+    return wrapped._into_wrapper
 
 
 class Into:
@@ -104,4 +121,3 @@ class Into:
 
   def lower(self, *args, **kwargs):
     return self._jitted.lower(self._out, *args, **kwargs)
-

@@ -55,3 +55,55 @@ def dce_to_inputs(jaxpr, keep: list[int]):
   # Some kept inputs are unread (keep_unused): rebuild the invars list in `keep` order.
   full, _ = _pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
   return full.replace(invars=[full.invars[i] for i in keep])
+
+
+# Whether a call happens inside another trace (jit, grad, vmap, ...). `donate.jit` must record its
+# donation as markers for an enclosing `donate.jit` in that case; JAX has no public predicate.
+from jax._src import core as _core
+
+
+def trace_state_clean() -> bool:
+  """True at the top level (no trace active), as `jax.jit`'s own dispatch decides it."""
+  return _core.trace_state_clean()
+
+
+def jit_argnums(jitted) -> tuple[tuple[int, ...], tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
+  """`(static_argnums, static_argnames, donate_argnums, donate_argnames)` as `jax.jit` resolved them.
+
+  `jax.jit` resolves numbers and names through the signature (a name implies its position and the
+  reverse) when it is constructed; reading its result keeps donate's binding identical to jax's.
+  No public API returns the resolved tuples.
+  """
+  info = jitted._jit_info
+  return (tuple(info.static_argnums), tuple(info.static_argnames), tuple(info.donate_argnums),
+          tuple(info.donate_argnames))
+
+
+def traced_flat_shardings(traced) -> tuple[tuple, tuple, bool]:
+  """The flat `(in_shardings, out_shardings, has_layouts)` a `jax.stages.Traced` resolved.
+
+  `jax.jit` turns prefix trees, `PartitionSpec`s under a mesh context, `device=`/`backend=` into one
+  sharding per leaf while tracing; the re-laid-out computation must use exactly those. Unspecified
+  entries come back as None. Only the traced parameters hold them.
+  """
+  params = traced._params
+  n_consts = len(traced._consts)
+  unspec = lambda s: None if type(s).__name__ == "UnspecifiedValue" else s
+  ins = tuple(unspec(s) for s in params["in_shardings"][n_consts:])
+  outs = tuple(unspec(s) for s in params["out_shardings"])
+  layouts = any(l is not None for l in params["in_layouts"][n_consts:]) or any(
+      l is not None for l in params["out_layouts"])
+  return ins, outs, layouts
+
+
+def traced_num_consts(traced) -> int:
+  """How many leading inputs of `traced.jaxpr` are hoisted constants rather than arguments."""
+  return len(traced._consts)
+
+
+def lowered_kept_leaves(jax_lowered) -> tuple[tuple[int, ...], int]:
+  """`(kept, n_const_args)`: the argument leaves the module's `main` takes (after dead-code
+  elimination), and how many hoisted constants precede them. Only the lowering knows either."""
+  lowering = jax_lowered._lowering
+  kept = tuple(sorted(lowering.compile_args["kept_var_idx"]))
+  return kept, len(getattr(lowering, "const_args", ()) or ())

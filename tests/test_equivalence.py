@@ -434,7 +434,7 @@ def test_a_fixed_program_with_every_op_kind(seed):
 
   host = [np.asarray(x).copy() for x in args]
   expect = jax.jit(f)(*copies(args))
-  g = donate.jit(f, donate_argnums=(1,))
+  g = donate.jit(f, donate_argnums=(1,), adopt_inner_donation=True)
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", donate.UnusableDonationWarning)
     plan = g.plan(*copies(args))

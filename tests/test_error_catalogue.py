@@ -63,7 +63,8 @@ def raise_sites():
         if isinstance(child, ast.Raise) and isinstance(child.exc, ast.Call):
           callee = child.exc.func
           callee = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
-          if callee == "DonationError":
+          if callee in ("DonationError", "DonationTypeError", "DonationRuntimeError",
+                        "_keyword_error"):
             sites.add(f"donate/{name}:{func}")
         visit(child, inner)
 
@@ -92,14 +93,9 @@ def swapped(a, b):
   return b.at[0].set(1.0), a + 1.0
 
 
-def bad_realize():
-  plan = donate.jit(swapped, donate_argnums=(0, 1)).plan(arr(), arr())
-  plan.realize({0: 0, 1: 1}, None)
-
-
 def compiled_structure_mismatch():
-  compiled = donate.jit(lambda a: a + 1).lower(arr()).compile()
-  compiled((arr(),))
+  compiled = donate.jit(swapped, donate_argnums=(0, 1)).lower(arr(), arr()).compile()
+  compiled((arr(), arr()))
 
 
 def shardings_differ():
@@ -107,7 +103,14 @@ def shardings_differ():
   row = jax.sharding.NamedSharding(m, jax.P("x"))
   rep = jax.sharding.NamedSharding(m, jax.P())
   x = jax.device_put(jnp.arange(64.0), rep)
-  donate.jit(lambda a: a + 1, donate_argnums=0, out_shardings=row)(x)
+  donate.jit(lambda a: a + 1, donate_argnums=0, out_shardings=row, strict=True)(x)
+
+
+def into_sharding_differs():
+  m = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+  row = jax.sharding.NamedSharding(m, jax.P("i"))
+  g = donate.jit(lambda x: x * 2, out_shardings=row)
+  g.into(jnp.empty(64))(jax.device_put(jnp.ones(64), row))
 
 
 def read_after_donate(w):
@@ -171,15 +174,16 @@ TRIGGERS = {
     "argnames-unknown": lambda: donate.jit(lambda a, b: a, donate_argnames="c"),
     "static-and-donated": lambda: donate.jit(lambda a, b: a, donate_argnums=0, static_argnums=0),
     # calls
-    "non-array-leaf": lambda: donate.jit(lambda cfg, x: x * cfg["scale"], donate_argnums=0)(
-        {"scale": 2.0}, arr()),
+    "strict-host-leaf": lambda: donate.jit(lambda cfg, x: x * cfg["scale"], donate_argnums=0,
+                                           strict=True)({"scale": 2.0}, arr()),
     "same-array-twice": lambda: (lambda x: donate.jit(lambda p, q: (p["w"] + 1, q + 1),
                                                       donate_argnums=0)({"w": x}, x))(arr()),
     "strict-unusable": lambda: donate.jit(lambda x, y: (x + 1, y.sum()), donate_argnums=(0, 1),
                                           strict=True)(arr(), arr()),
-    "shardings-differ": shardings_differ,
+    "strict-sharding-differs": shardings_differ,
+    "strict-not-made": lambda: donate.jit(lambda x: x.astype(jnp.bfloat16), donate_argnums=0,
+                                          strict=True)(arr(4)),
     "compiled-structure": compiled_structure_mismatch,
-    "plan-differs-from-compiled": bad_realize,
     # annotations
     "alias-type-mismatch": lambda: donate.jit(lambda a, b: donate.alias(a, b))(arr(), arr(4)),
     "alias-two-inputs": lambda: donate.jit(lambda a, b: donate.alias(a, b))(arr(), arr()),
@@ -190,6 +194,7 @@ TRIGGERS = {
     "into-not-array": lambda: donate.jit(lambda a: a + 1).into(np.zeros(8, np.float32)),
     "into-structure": lambda: donate.jit(lambda a: a + 1).into((arr(), arr()))(arr()),
     "into-shape": lambda: donate.jit(lambda a: a + 1).into(arr(4))(arr()),
+    "into-sharding": into_sharding_differs,
     # symmetric memory
     "symm-axis-name": lambda: symm.with_symmetric(jnp.ones(3), ""),
     "symm-kind": lambda: symm.with_symmetric(jnp.ones(3), "i", kind=""),

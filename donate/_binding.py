@@ -1,0 +1,151 @@
+"""Binding a call as `jax.jit` does: static arguments out, dynamic leaves in, each leaf named.
+
+`jax.jit` resolves `static_argnums`/`static_argnames` and `donate_argnums`/`donate_argnames`
+through the function's signature when it is built; `Binding` takes those resolved tuples from it
+(`_jax_private.jit_argnums`), so donate splits a call exactly where `jax.jit` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import jax
+import numpy as np
+from jax import tree_util
+
+from donate import _jax_private
+from donate import _plan
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+  """One call split like `jax.jit` splits it.
+
+  `leaves` are the dynamic leaves in `jax.jit`'s flat order (positional arguments, then keyword
+  arguments by name); `key` identifies the call structure and static values.
+  """
+  leaves: list
+  treedef: Any
+  key: Any
+  positions: tuple[int, ...]  # original position of each dynamic positional argument
+  kwarg_names: tuple[str, ...]  # names of the dynamic keyword arguments, in flat order
+
+
+class Binding:
+  """The call structure of one `donate.jit` function.
+
+  >>> import jax
+  >>> b = Binding(lambda x, n, *, mode="add": x, jax.jit(lambda x, n, *, mode="add": x,
+  ...             static_argnums=1, static_argnames="mode"))
+  >>> call = b.bind((1.0, 2), {"mode": "mul"})
+  >>> call.leaves, call.positions, b.paths(call)
+  ([1.0], (0,), ['x'])
+  """
+
+  def __init__(self, fun, jitted):
+    static_nums, static_names, donate_nums, donate_names = _jax_private.jit_argnums(jitted)
+    self.static_nums = frozenset(static_nums)
+    self.static_names = frozenset(static_names)
+    self.donate_nums = frozenset(donate_nums)
+    self.donate_names = frozenset(donate_names)
+    self.has_static = bool(self.static_nums or self.static_names)
+    try:
+      signature = inspect.signature(fun)
+    except (TypeError, ValueError):
+      signature = None
+    self.param_names = [] if signature is None else [
+        p.name for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+  def bind(self, args: tuple, kwargs: dict) -> Call:
+    if not self.has_static:
+      leaves, treedef = tree_util.tree_flatten((args, kwargs))
+      return Call(leaves, treedef, treedef, tuple(range(len(args))), tuple(sorted(kwargs)))
+    n = len(args)
+    static_pos = {i + n if i < 0 else i for i in self.static_nums}
+    positions = tuple(i for i in range(n) if i not in static_pos)
+    dyn_args = tuple(args[i] for i in positions)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
+    static = tuple((i, args[i]) for i in sorted(static_pos) if 0 <= i < n) + tuple(
+        (k, kwargs[k]) for k in sorted(kwargs) if k in self.static_names)
+    leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
+    return Call(leaves, treedef, (treedef, static), positions, tuple(sorted(dyn_kwargs)))
+
+  def bind_dynamic(self, args: tuple, kwargs: dict) -> Call:
+    """A call of a compiled computation: every argument is dynamic (static ones are not passed)."""
+    leaves, treedef = tree_util.tree_flatten((args, kwargs))
+    return Call(leaves, treedef, treedef, tuple(range(len(args))), tuple(sorted(kwargs)))
+
+  def arg_name(self, position: int) -> str:
+    return self.param_names[position] if position < len(self.param_names) else f"args[{position}]"
+
+  def paths(self, call: Call) -> list[str]:
+    """Each leaf's path: the parameter name, then the key path inside it (`params['w']`)."""
+    args, kwargs = tree_util.tree_unflatten(call.treedef, list(range(len(call.leaves))))
+    paths: list[str] = [""] * len(call.leaves)
+    for k, arg in enumerate(args):
+      name = self.arg_name(call.positions[k])
+      for kp, idx in tree_util.tree_flatten_with_path(arg)[0]:
+        paths[idx] = name + tree_util.keystr(tuple(kp))
+    for name, arg in kwargs.items():
+      for kp, idx in tree_util.tree_flatten_with_path(arg)[0]:
+        paths[idx] = name + tree_util.keystr(tuple(kp))
+    return paths
+
+  def donated_leaves(self, call: Call) -> dict[int, str]:
+    """Leaf index -> "donate_argnums"/"donate_argnames" for the leaves `jax.jit` donates."""
+    args, kwargs = tree_util.tree_unflatten(call.treedef, list(range(len(call.leaves))))
+    out = {}
+    for k, arg in enumerate(args):
+      position = call.positions[k]
+      if position in self.donate_nums:
+        for idx in tree_util.tree_leaves(arg):
+          out[idx] = "donate_argnums"
+    for name, arg in kwargs.items():
+      if name in self.donate_names:
+        for idx in tree_util.tree_leaves(arg):
+          out[idx] = "donate_argnames"
+    return out
+
+  def rebuild(self, call: Call, args: tuple, kwargs: dict, leaves: list) -> tuple[tuple, dict]:
+    """The call's (args, kwargs) with the dynamic leaves replaced, static arguments kept."""
+    dyn_args, dyn_kwargs = tree_util.tree_unflatten(call.treedef, leaves)
+    if not self.has_static:
+      return tuple(dyn_args), dict(dyn_kwargs)
+    new_args = list(args)
+    for k, position in enumerate(call.positions):
+      new_args[position] = dyn_args[k]
+    new_kwargs = dict(kwargs)
+    new_kwargs.update(dyn_kwargs)
+    return tuple(new_args), new_kwargs
+
+
+def leaf_info(path: str, x) -> _plan.LeafInfo:
+  """The planner's facts about one leaf: device buffer, abstract value or host value."""
+  if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+    kind = _plan.DEVICE
+  elif isinstance(x, jax.ShapeDtypeStruct):
+    kind = _plan.ABSTRACT
+  else:
+    kind = _plan.HOST
+  aval = jax.typeof(x) if kind != _plan.ABSTRACT else x
+  shape = tuple(getattr(aval, "shape", ()))
+  dtype = str(getattr(aval, "dtype", type(x).__name__))
+  nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize if hasattr(
+      aval, "dtype") else 0
+  sharding = getattr(x, "sharding", None) if kind != _plan.HOST else None
+  memory_kind = getattr(sharding, "memory_kind", None)
+  text = _plan.sharding_str(sharding) if kind != _plan.ABSTRACT or sharding is not None else "-"
+  return _plan.LeafInfo(path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__,
+                        sharding)
+
+
+def meta_key(x) -> tuple:
+  """What, beyond the traced avals, decides a leaf's plan and lowering (as `jax.jit`'s MetaTy)."""
+  if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+    return (_plan.DEVICE, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return (_plan.ABSTRACT, x.sharding)
+  return (_plan.HOST, type(x))

@@ -1,0 +1,237 @@
+"""Staged objects of a `donate.jit` function: `Traced` -> `Lowered` -> `Compiled`.
+
+Each wraps the `jax.stages` object that really does the work and answers every member of it
+(`args_info`, `out_info`, `in_tree`, `cost_analysis`, `input_shardings`, `runtime_executable`,
+...), in terms of the user's own arguments and outputs, plus the donation `plan`. When `jax.jit`
+runs the signature itself the answers are its own; when donate re-laid the call out (a flat
+computation with reordered outputs), they are translated back to the user's pytrees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax import tree_util
+
+from donate import _errors
+
+
+class _Stage:
+  """The members shared by the three stages, answered in the user's pytrees."""
+
+  def __init__(self, wrapped, prep, jax_stage, jax_native: bool = False):
+    self._wrapped, self._prep, self._jax = wrapped, prep, jax_stage
+    self._jax_native = jax_native  # made by jax.jit's own lowering, whatever the plan's path
+
+  @property
+  def _native(self) -> bool:
+    return self._prep.native or self._jax_native
+
+  @property
+  def in_tree(self):
+    """Tree structure of the pair (positional arguments, keyword arguments)."""
+    return self._prep.traced.in_tree
+
+  @property
+  def out_tree(self):
+    return self._prep.traced.out_tree
+
+  @property
+  def args_info(self):
+    """One `jax.stages.ArgInfo` per argument leaf; `.donated` is true when the program donates it."""
+    if self._native:
+      return self._jax.args_info
+    donated = self._prep.donated
+    flat = tree_util.tree_leaves(self._prep.traced.args_info)
+    return tree_util.tree_unflatten(self.in_tree, [
+        jax.stages.ArgInfo(a._aval, i in donated) for i, a in enumerate(flat)])
+
+  @property
+  def in_avals(self):
+    return self._prep.traced.in_avals
+
+  @property
+  def donate_argnums(self) -> tuple[int, ...]:
+    """Flat indices of the donated argument leaves."""
+    return tuple(i for i, a in enumerate(tree_util.tree_leaves(self.args_info)) if a.donated)
+
+  def _user_outputs(self, flat_tree):
+    """Outputs of the re-laid-out computation (a flat list) as the user's output pytree."""
+    flat = list(flat_tree)
+    return self._prep.inner.outputs(flat)
+
+  @property
+  def out_info(self):
+    if self._native:
+      return self._jax.out_info
+    return self._user_outputs(self._jax.out_info)
+
+  def __getattr__(self, name):
+    if name.startswith("__"):
+      raise AttributeError(name)
+    return getattr(self._jax, name)
+
+
+class Traced(_Stage):
+  """The traced computation of a `donate.jit` call (like `jax.stages.Traced`), with its plan.
+
+  >>> import jax.numpy as jnp, donate
+  >>> traced = donate.jit(lambda x: x * 2).trace(jnp.ones(4))
+  >>> [e.primitive.name for e in traced.jaxpr.eqns], traced.fun_name
+  (['mul'], '<lambda>')
+  """
+
+  def __init__(self, wrapped, prep, call):
+    super().__init__(wrapped, prep, prep.traced)
+    self._call = call
+
+  @property
+  def plan(self):
+    """The donation plan, before compiling (`Compiled.plan` has what XLA made of it)."""
+    return self._prep.plan
+
+  @property
+  def jaxpr(self):
+    return self._prep.traced.jaxpr
+
+  @property
+  def fun_name(self) -> str:
+    return self._prep.traced.fun_name
+
+  def lower(self, *, lowering_platforms: tuple[str, ...] | None = None,
+            _private_parameters: Any = None) -> "Lowered":
+    """Lowers to StableHLO carrying the plan's `tf.aliasing_output` and `jax.buffer_donor`.
+
+    With `lowering_platforms` or JAX's private lowering parameters (as `jax.export` passes),
+    `jax.jit`'s own lowering of the function is used: exported modules are `jax.jit`'s.
+    """
+    kwargs = {k: v for k, v in (("lowering_platforms", lowering_platforms),
+                                ("_private_parameters", _private_parameters)) if v is not None}
+    if kwargs:
+      return Lowered(self._wrapped, self._prep, self._call, self._prep.traced.lower(**kwargs),
+                     jax_native=True)
+    return Lowered(self._wrapped, self._prep, self._call,
+                   self._wrapped._lower(self._prep, self._call))
+
+  def __call__(self, *args, **kwargs):
+    return self._prep.traced(*args, **kwargs)
+
+
+class Lowered(_Stage):
+  """The lowered computation of a `donate.jit` call (like `jax.stages.Lowered`), with its plan.
+
+  `as_text()` is the StableHLO module with the plan's `tf.aliasing_output` and `jax.buffer_donor`
+  attributes; `compile(compiler_options=...)` gives a `Compiled` that takes the function's own
+  arguments and checks the aliases XLA made.
+
+  >>> import jax.numpy as jnp, donate
+  >>> lowered = donate.jit(lambda x: x + 1, donate_argnums=0).lower(jnp.ones(4))
+  >>> "tf.aliasing_output = 0" in lowered.as_text(), lowered.plan.bytes_requested
+  (True, 16)
+  """
+
+  def __init__(self, wrapped, prep, call, jax_lowered, jax_native: bool = False):
+    super().__init__(wrapped, prep, jax_lowered, jax_native)
+    self._call = call
+
+  @property
+  def plan(self):
+    return self._prep.plan
+
+  def as_text(self, dialect: str | None = None, *, debug_info: bool = False) -> str:
+    return self._jax.as_text(dialect, debug_info=debug_info)
+
+  def compiler_ir(self, dialect: str | None = None):
+    return self._jax.compiler_ir(dialect)
+
+  def cost_analysis(self):
+    return self._jax.cost_analysis()
+
+  def compile(self, compiler_options=None, *, device_assignment=None) -> "Compiled":
+    """Compiles; the returned `Compiled.plan` has the aliases XLA really made."""
+    if self._jax_native:
+      compiled = self._jax.compile(compiler_options, device_assignment=device_assignment)
+      return Compiled(self._wrapped, self._prep, compiled, self._prep.plan, jax_native=True)
+    compiled, plan = self._wrapped._compile(self._prep, self._call, compiler_options,
+                                            device_assignment)
+    return Compiled(self._wrapped, self._prep, compiled, plan)
+
+
+class Compiled(_Stage):
+  """A compiled `donate.jit` computation (like `jax.stages.Compiled`); call it with the
+  function's own arguments.
+
+  >>> import jax.numpy as jnp, donate
+  >>> compiled = donate.jit(lambda x: x + 1, donate_argnums=0).lower(jnp.ones(4)).compile()
+  >>> x = jnp.ones(4)
+  >>> compiled(x).tolist(), x.is_deleted(), compiled.memory_analysis().temp_size_in_bytes
+  ([2.0, 2.0, 2.0, 2.0], True, 0)
+  """
+
+  def __init__(self, wrapped, prep, jax_compiled, plan, jax_native: bool = False):
+    super().__init__(wrapped, prep, jax_compiled, jax_native)
+    self._plan = plan
+
+  @property
+  def plan(self):
+    """The plan with the aliases the compiled program really has and its memory figures."""
+    return self._plan
+
+  def as_text(self):
+    return self._jax.as_text()
+
+  def cost_analysis(self):
+    return self._jax.cost_analysis()
+
+  def memory_analysis(self):
+    return self._jax.memory_analysis()
+
+  def runtime_executable(self):
+    return self._jax.runtime_executable()
+
+  def _inputs_flat(self, tree):
+    return list(tree[0]) if isinstance(tree, tuple) and len(tree) == 2 else list(tree)
+
+  @property
+  def input_shardings(self):
+    if self._native:
+      return self._jax.input_shardings
+    return tree_util.tree_unflatten(self.in_tree, self._inputs_flat(self._jax.input_shardings))
+
+  @property
+  def input_formats(self):
+    if self._native:
+      return self._jax.input_formats
+    return tree_util.tree_unflatten(self.in_tree, self._inputs_flat(self._jax.input_formats))
+
+  @property
+  def output_shardings(self):
+    if self._native:
+      return self._jax.output_shardings
+    return self._user_outputs(self._jax.output_shardings)
+
+  @property
+  def output_formats(self):
+    if self._native:
+      return self._jax.output_formats
+    return self._user_outputs(self._jax.output_formats)
+
+  def __call__(self, *args, **kwargs):
+    if self._native:  # jax.jit's own compiled call, with its own argument checks
+      if self._plan.bytes_requested:
+        self._check_duplicates(self._wrapped._binding.bind_dynamic(args, kwargs))
+      return self._jax(*args, **kwargs)
+    call = self._wrapped._binding.bind_dynamic(args, kwargs)
+    if call.treedef != self._prep.call.treedef:
+      raise _errors.DonationTypeError(_errors.message(
+          f"{self._wrapped._name}: Function compiled with input pytree does not match the input "
+          "pytree it was called with", expected=str(self._prep.call.treedef),
+          got=str(call.treedef), fix="call it with arguments of the structure it was lowered "
+          "for (static arguments are not passed again), or call the donate.jit function itself"))
+    self._check_duplicates(call)
+    return self._prep.inner.outputs(self._jax(*call.leaves))
+
+  def _check_duplicates(self, call):
+    from donate import _jit  # noqa: PLC0415 - _jit imports this module
+    _jit._check_duplicates(self._prep, call, self._plan)
