@@ -12,6 +12,8 @@ one call: `jax.jit` reports it from the runtime as a `RuntimeError`).
 
 from __future__ import annotations
 
+import jax
+
 JAX_UNUSABLE_PREFIX = "Some donated buffers were not usable:"
 """How `jax.jit`'s own warning starts; donate's warning starts the same way so filters keep working."""
 
@@ -35,8 +37,14 @@ class DonationTypeError(DonationError, TypeError):
   """A `DonationError` that is a `TypeError`."""
 
 
-class DonationRuntimeError(DonationError, RuntimeError):
-  """A `DonationError` that is a `RuntimeError` (as `jax.jit` reports a buffer donated twice)."""
+class DonationRuntimeError(DonationError, jax.errors.JaxRuntimeError):
+  """A `DonationError` that is also `jax.errors.JaxRuntimeError` (a `RuntimeError`): what
+  `jax.jit` raises when one buffer is donated and passed again in the same call (its cached calls
+  raise a `ValueError` for it, which this is too)."""
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self._error_message = message  # JaxRuntimeError's own str() reads it
 
 
 class UnusableDonationWarning(UserWarning):

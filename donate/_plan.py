@@ -261,8 +261,8 @@ class DonationPlan:
         for d in host)
 
   def __str__(self) -> str:
-    lines = [f"DonationPlan for {self.function}: {len(self.decisions)} input leaves, "
-             f"{len(self.outputs)} outputs"]
+    lines = _wrap([f"DonationPlan for {self.function}: {len(self.decisions)} input leaves, "
+                   f"{len(self.outputs)} outputs"])
     lines += _table(self.decisions)
     lines += _wrap([f"note: {n}" for n in self.notes])
     if self.collective_memory_bytes:

@@ -1,0 +1,316 @@
+"""`donate.jit` is a drop-in for `jax.jit`: the same answers, exception types and warnings.
+
+Every check here runs the same code under `jax.jit` and under `donate.jit` and compares what a user
+sees: results, which arrays are consumed, staged objects and their members, errors and warnings.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import monitoring
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import donate
+from donate._demo import swapped_update
+
+JITS = pytest.mark.parametrize("jit", [jax.jit, donate.jit], ids=["jax", "donate"])
+SDS = jax.ShapeDtypeStruct((8,), jnp.float32)
+
+
+def fresh(n=8, value=1.0):
+  return jnp.full((n,), value, jnp.float32)
+
+
+def step(x, y):
+  return x * 2.0, y + 1.0
+
+
+def mesh8():
+  return jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+# ---- abstract arguments and the ahead-of-time workflow ----------------------------------------
+
+@pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
+def test_abstract_arguments_plan_lower_and_compile_like_arrays(fun):
+  g = donate.jit(fun, donate_argnums=(0, 1))
+  plan = g.plan(SDS, SDS)
+  assert [d.action for d in plan.decisions] == ["aliased", "aliased"]
+  assert [d.sharding for d in plan.decisions] == ["-", "-"]
+  traced = g.trace(SDS, SDS)
+  assert [a.donated for a in jax.tree.leaves(traced.args_info)] == [True, True]
+  assert g.eval_shape(SDS, SDS) == jax.jit(fun).eval_shape(SDS, SDS)
+  lowered = traced.lower()
+  assert lowered.as_text().count("tf.aliasing_output") == 2
+  compiled = lowered.compile()
+  assert "input_output_alias={ {0}: (0, {}, may-alias), {1}: (1, {}, may-alias) }" in \
+      compiled.as_text() or "input_output_alias={ {1}: (0" in compiled.as_text()
+  a, b = fresh(), fresh(value=2.0)
+  expect = jax.jit(fun)(fresh(), fresh(value=2.0))
+  out = compiled(a, b)
+  assert a.is_deleted() and b.is_deleted()
+  for got, want in zip(out, expect):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_sharded_abstract_arguments():
+  row = NamedSharding(mesh8(), P("x"))
+  sds = jax.ShapeDtypeStruct((64,), jnp.float32, sharding=row)
+  g = donate.jit(lambda a: a * 2, donate_argnums=0)
+  plan = g.plan(sds)
+  assert (plan.decisions[0].action, plan.decisions[0].sharding) == ("aliased", "P('x')")
+  assert g.lower(sds).compile().input_shardings[0][0] == row
+
+
+@pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
+def test_jax_export_exports_a_donate_jit_function(fun):
+  exported = jax.export.export(donate.jit(fun, donate_argnums=(0, 1)))(SDS, SDS)
+  expect = jax.export.export(jax.jit(fun))(SDS, SDS)
+  assert exported.in_avals == expect.in_avals and exported.out_avals == expect.out_avals
+  for got, want in zip(exported.call(fresh(), fresh(value=3.0)),
+                       expect.call(fresh(), fresh(value=3.0))):
+    np.testing.assert_array_equal(got, want)
+
+
+def count_compiles(fn):
+  events = []
+
+  def listener(name, *args, **kwargs):
+    events.append(name)
+  monitoring.register_event_duration_secs_listener(listener)
+  try:
+    fn()
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
+  return sum("backend_compile" in e for e in events)
+
+
+@pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
+def test_lower_compiles_nothing_and_the_first_call_compiles_once(fun):
+  g = donate.jit(fun, donate_argnums=(0, 1))
+  assert count_compiles(lambda: g.lower(fresh(), fresh())) == 0
+  h = donate.jit(fun, donate_argnums=(0, 1))
+  assert count_compiles(lambda: h(fresh(), fresh())) == 1
+  assert count_compiles(lambda: h(fresh(), fresh())) == 0
+
+
+@pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
+def test_staged_objects_answer_every_member_jax_has(fun):
+  ours = donate.jit(fun, donate_argnums=(0, 1))
+  theirs = jax.jit(fun, donate_argnums=(0, 1))
+  args = (fresh(), fresh())
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    t_ours, t_theirs = ours.trace(*args), theirs.trace(*args)
+    l_ours, l_theirs = t_ours.lower(), t_theirs.lower()
+    c_ours = l_ours.compile(compiler_options={"xla_cpu_enable_fast_math": False})
+    c_theirs = l_theirs.compile(compiler_options={"xla_cpu_enable_fast_math": False})
+  for a, b, names in (
+      (t_ours, t_theirs, ["args_info", "out_info", "fun_name", "in_tree", "out_tree", "in_avals"]),
+      (l_ours, l_theirs, ["args_info", "out_info", "in_tree", "out_tree", "in_avals",
+                          "donate_argnums"]),
+      (c_ours, c_theirs, ["args_info", "out_info", "in_tree", "out_tree", "in_avals",
+                          "input_shardings", "output_shardings", "input_formats",
+                          "output_formats", "donate_argnums"])):
+    for name in names:
+      assert str(getattr(a, name)) == str(getattr(b, name)), name
+  assert l_ours.cost_analysis() is not None and c_ours.runtime_executable() is not None
+  assert c_ours.memory_analysis().temp_size_in_bytes == 0
+  out = c_ours(*args)
+  assert all(x.is_deleted() for x in args)
+  assert c_ours.plan.compiled and c_ours.plan.bytes_reused == 64
+  np.testing.assert_array_equal(out[0], jax.jit(fun)(fresh(), fresh())[0])
+
+
+def test_the_wrapped_function_keeps_jax_jit_attributes():
+  def documented(x):
+    """Doubles x."""
+    return x * 2
+
+  g = donate.jit(documented, donate_argnums=0)
+  assert g.__wrapped__ is documented and g.__name__ == "documented"
+  assert g.__doc__ == "Doubles x."
+  assert g._cache_size() == 0
+  g(fresh())
+  g(fresh(16))
+  assert g._cache_size() == 2
+  g.clear_cache()
+  assert g._cache_size() == 0
+  s = donate.jit(swapped_update, donate_argnums=(0, 1))
+  s(fresh(), fresh())
+  assert s._cache_size() == 1
+
+
+# ---- modes and configuration ------------------------------------------------------------------
+
+@JITS
+def test_disable_jit_runs_the_python_function(jit):
+  seen = []
+
+  def f(x):
+    seen.append(type(x))
+    return x * 2
+
+  g = jit(f, donate_argnums=0)
+  x = fresh()
+  with jax.disable_jit():
+    out = g(x)
+  assert seen == [type(x)] and not x.is_deleted()  # no tracer, nothing donated
+  np.testing.assert_array_equal(out, x * 2)
+
+
+@JITS
+def test_config_contexts_are_part_of_the_cache_key(jit):
+  g = jit(lambda x, y: x + y)
+  x, y = jnp.ones(3, jnp.float32), jnp.ones(3, jnp.int32)
+  np.testing.assert_array_equal(g(x, y), jnp.full(3, 2.0))
+  with jax.numpy_dtype_promotion("strict"):
+    with pytest.raises(jax.dtypes.TypePromotionError, match="strict"):
+      g(x, y)
+  np.testing.assert_array_equal(g(x, y), jnp.full(3, 2.0))
+
+
+@JITS
+def test_negative_donate_argnums(jit):
+  g = jit(lambda a, b: (a + 1, b * 2), donate_argnums=-1)
+  a, b = fresh(), fresh()
+  g(a, b)
+  reference_a, reference_b = fresh(), fresh()
+  jax.jit(lambda a, b: (a + 1, b * 2), donate_argnums=-1)(reference_a, reference_b)
+  assert (a.is_deleted(), b.is_deleted()) == (reference_a.is_deleted(), reference_b.is_deleted())
+
+
+# ---- warnings ---------------------------------------------------------------------------------
+
+@JITS
+def test_the_usual_warning_filter_silences_the_unusable_donation_warning(jit):
+  g = jit(lambda x: x.sum(), donate_argnums=0)
+  with warnings.catch_warnings(record=True) as record:
+    warnings.simplefilter("always")
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    g(fresh())
+  assert not record
+
+
+def test_no_warning_where_jax_jit_gives_none_and_one_per_compile_where_it_does():
+  def warnings_of(jit, fun, *args):
+    with warnings.catch_warnings(record=True) as record:
+      warnings.simplefilter("always")
+      jit(fun, donate_argnums=0)(*args)
+    return [str(r.message) for r in record]
+
+  for fun in (lambda x: x + 1, lambda x: (x.sum(), x[:2])):
+    theirs, ours = warnings_of(jax.jit, fun, fresh()), warnings_of(donate.jit, fun, fresh())
+    assert len(ours) == len(theirs) <= 1
+    for t, o in zip(theirs, ours):
+      assert t.split(":")[0] == o.split(":")[0] == "Some donated buffers were not usable"
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+def test_the_same_buffer_twice_raises_what_jax_jit_raises_on_first_and_cached_calls():
+  def errors(jit):
+    found = []
+    for warm in (False, True):
+      g = jit(lambda a, b: (a + b, b * 2), donate_argnums=0)
+      if warm:
+        g(fresh(), fresh())
+      x = fresh()
+      with pytest.raises(Exception) as info:
+        g(x, x)
+      assert not x.is_deleted()
+      found.append(info.value)
+    return found
+
+  for theirs, ours in zip(errors(jax.jit), errors(donate.jit)):
+    assert isinstance(ours, type(theirs)) and isinstance(ours, donate.DonationError)
+
+
+def test_duplicate_error_names_the_function_and_both_paths():
+  def update(params, grads):
+    return jax.tree.map(lambda p, g: p - g, params, grads)
+
+  g = donate.jit(update, donate_argnums=0)
+  x = fresh()
+  for _ in range(2):  # first call, then the cached one
+    with pytest.raises(donate.DonationError, match=r"passed twice to .*update, once as "
+                       r"params\['w'\] and once as grads\['w'\]"):
+      g({"w": x}, {"w": x})
+    g({"w": fresh()}, {"w": fresh()})
+
+
+@JITS
+def test_unhashable_static_argument_is_a_value_error(jit):
+  g = jit(lambda x, n: x * len(n), static_argnums=1)
+  with pytest.raises(ValueError, match="Non-hashable static arguments are not supported"):
+    g(fresh(), [1, 2])
+
+
+@JITS
+def test_overlapping_static_and_donated_names_is_a_value_error(jit):
+  with pytest.raises(ValueError, match="static_argnames and donate_argnames cannot intersect"):
+    jit(lambda x: x, static_argnames="x", donate_argnames="x")
+
+
+@JITS
+def test_a_non_array_argument_is_a_type_error_naming_the_function_and_path(jit):
+  def my_step(params, x):
+    return x
+
+  with pytest.raises(TypeError, match=r"my_step.*path params\['lr'\]"):
+    jit(my_step, donate_argnums=0)({"lr": "fast"}, fresh())
+
+
+# ---- shardings --------------------------------------------------------------------------------
+
+@JITS
+def test_an_uncommitted_array_with_in_shardings(jit):
+  row = NamedSharding(mesh8(), P("x"))
+  g = jit(lambda a: a * 2, in_shardings=row, donate_argnums=0)
+  a = jnp.arange(64.0)
+  out = g(a)
+  assert out.sharding == row
+  np.testing.assert_array_equal(out, jnp.arange(64.0) * 2)
+
+
+def test_a_replicated_donated_input_with_a_sharded_output_is_not_usable_not_an_error():
+  m = mesh8()
+  row, rep = NamedSharding(m, P("x")), NamedSharding(m, P())
+  f = lambda a: a + 1
+  a = jax.device_put(jnp.arange(64.0), rep)
+  with pytest.warns(UserWarning, match="Some donated buffers were not usable"):
+    expect = jax.jit(f, donate_argnums=0, out_shardings=row)(a)
+  g = donate.jit(f, donate_argnums=0, out_shardings=row)
+  with pytest.warns(donate.UnusableDonationWarning, match=r"sharding differs \(in P\(\), "
+                    r"out P\('x'\)\)"):
+    out = g(a)
+  assert not a.is_deleted() and out.sharding == row
+  np.testing.assert_array_equal(out, expect)
+  with pytest.raises(donate.DonationError, match="sharding differs"):
+    donate.jit(f, donate_argnums=0, out_shardings=row, strict=True)(a)
+
+
+@JITS
+def test_xla_choosing_an_output_sharding_unlike_the_input_is_not_an_error(jit):
+  m = mesh8()
+  row, rep = NamedSharding(m, P("x")), NamedSharding(m, P())
+  g = jit(lambda a: jax.lax.with_sharding_constraint(a[::-1], rep) + 1, donate_argnums=0)
+  c = jax.device_put(jnp.arange(64.0), row)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    out = g(c)
+  assert out.sharding.is_equivalent_to(rep, 1)
+  np.testing.assert_array_equal(out, jnp.arange(64.0)[::-1] + 1)
+
+
+def test_plan_table_has_a_sharding_column_and_fits_100_columns():
+  row = NamedSharding(mesh8(), P("x"))
+  g = donate.jit(lambda params, x: (jax.tree.map(lambda p: p * x.sum(), params), x),
+                 donate_argnums=0)
+  params = {"encoder": {"layer_0": {"attention": {"kernel": jax.device_put(jnp.ones(64), row)}}}}
+  text = str(g.plan(params, fresh()))
+  assert "P('x')" in text and "cpu:0" in text
+  assert max(map(len, text.splitlines())) <= 100
