@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import threading
+import types
 import warnings
 from typing import Any, Callable
 
@@ -43,6 +44,9 @@ from donate import _plan
 from donate import _stages
 from donate import _symm
 from donate._primitives import donate_buffer_p
+
+
+_trace_state_clean = _jax_private.trace_state_clean
 
 
 class _Replan(Exception):
@@ -160,10 +164,10 @@ class JitWrapped:
 
   # ---- calling ---------------------------------------------------------------------------------
   def __call__(self, *args, **kwargs):
-    if _jax_private.trace_state_clean():
+    if _trace_state_clean():
       try:
-        if self._native_only:
-          return self._jitted(*args, **kwargs)
+        if self._native_only:  # jax.jit's own C++ dispatch, nothing in between
+          return self._jitted(*args, **kwargs) if kwargs else self._jitted(*args)
         if self._fast:
           call = self._binding.bind(args, kwargs)
           prep = self._fast.get(call.key)
@@ -389,7 +393,7 @@ class JitWrapped:
   def __get__(self, obj, objtype=None):
     if obj is None:
       return self
-    return functools.partial(self, obj)
+    return types.MethodType(self, obj)  # as jax.jit's functions bind to instances
 
   def __repr__(self) -> str:
     return f"donate.jit({self._name})"

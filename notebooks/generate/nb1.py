@@ -77,7 +77,7 @@ error.
 
 `donate.jit` is a drop-in for `jax.jit`. `g.plan(...)` traces, plans and compiles for these arguments,
 and runs and consumes nothing. In a notebook the plan renders as a table: one row per input leaf, with
-its pytree path, whether donation was requested, what was done (`aliased`, `donor`, `freed`, `kept`,
+its pytree path, whether donation was requested, what was done (`aliased`, `donor`, `unused`, `kept`,
 `unusable`), which output reuses the buffer, and why.
 """),
 ("code", r"""
