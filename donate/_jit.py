@@ -31,6 +31,7 @@ import sys
 import threading
 import types
 import warnings
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -68,6 +69,59 @@ class _Gate:
 
   def __exit__(self, *exc):
     self._local.depth -= 1
+
+
+class _Gated:
+  """The user's function as `jax.jit` sees it: it traces only while a donate slow path opens its gate.
+
+  One per user function, holding the function weakly (like `jax.jit`'s own caches), so every
+  `donate.jit` of the same function shares `jax.jit`'s global trace, lowering and compile caches:
+  `donate.jit(f)(x)` written inline in a loop compiles once, as `jax.jit(f)(x)` does.
+  `__wrapped__` leads `inspect.signature` and JAX's source information to the user's function.
+  """
+
+  def __init__(self, fun):
+    try:
+      self._ref = weakref.ref(fun)
+    except TypeError:  # builtins cannot be referenced weakly: hold them (no sharing needed)
+      self._ref = lambda: fun
+    self.gate = _Gate()
+    self.trace_count = 0  # how many times the user function was traced (for tests)
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+      if hasattr(fun, name):
+        setattr(self, name, getattr(fun, name))
+
+  @property
+  def __wrapped__(self):
+    return self._ref()
+
+  def __repr__(self) -> str:
+    return repr(self._ref())
+
+  def __call__(self, *args, **kwargs):
+    if not self.gate.is_open:
+      raise _Replan()
+    self.trace_count += 1
+    return self._ref()(*args, **kwargs)
+
+
+_GATED: "weakref.WeakKeyDictionary[Any, _Gated]" = weakref.WeakKeyDictionary()
+_GATED_LOCK = threading.Lock()
+
+
+def _gated_for(fun) -> _Gated:
+  with _GATED_LOCK:
+    try:
+      gated = _GATED.get(fun)
+    except TypeError:  # not hashable or not weakly referenceable: one of its own
+      return _Gated(fun)
+    if gated is None:
+      gated = _Gated(fun)
+      try:
+        _GATED[fun] = gated
+      except TypeError:
+        pass
+    return gated
 
 
 @dataclasses.dataclass(eq=False)
@@ -132,16 +186,8 @@ class JitWrapped:
       raise TypeError(f"Expected a callable value, got {fun!r}")
     jit_kwargs = dict(jit_kwargs or {})
     self._fun = fun
-    self._gate = _Gate()
-    self.trace_count = 0  # how many times the user function was traced (for tests)
-
-    @functools.wraps(fun)
-    def gated(*args, **kwargs):
-      if not self._gate.is_open:
-        raise _Replan()
-      self.trace_count += 1
-      return fun(*args, **kwargs)
-
+    gated = self._gated = _gated_for(fun)
+    self._gate = gated.gate
     self._name = getattr(fun, "__qualname__", getattr(fun, "__name__", repr(fun)))
     # jax.jit validates every keyword exactly as it would for the user's function; its error
     # keeps its type and sentence, and gains the function's name and its parameters.
@@ -161,6 +207,11 @@ class JitWrapped:
     self._fast: dict[Any, Prepared] = {}
     self._prepared: dict[Any, Prepared] = {}
     self._lock = threading.RLock()
+
+  @property
+  def trace_count(self) -> int:
+    """How many times the user function was traced (for every donate.jit of it)."""
+    return self._gated.trace_count
 
   # ---- calling ---------------------------------------------------------------------------------
   def __call__(self, *args, **kwargs):

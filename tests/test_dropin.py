@@ -90,11 +90,13 @@ def count_compiles(fn):
 
 @pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
 def test_lower_compiles_nothing_and_the_first_call_compiles_once(fun):
+  fun = lambda x, y, fun=fun: fun(x, y)  # a function of this test's own: no cache has it
+  args = [fresh() for _ in range(6)]
   g = donate.jit(fun, donate_argnums=(0, 1))
-  assert count_compiles(lambda: g.lower(fresh(), fresh())) == 0
+  assert count_compiles(lambda: g.lower(args[0], args[1])) == 0
   h = donate.jit(fun, donate_argnums=(0, 1))
-  assert count_compiles(lambda: h(fresh(), fresh())) == 1
-  assert count_compiles(lambda: h(fresh(), fresh())) == 0
+  assert count_compiles(lambda: h(args[2], args[3])) == 1
+  assert count_compiles(lambda: h(args[4], args[5])) == 0
 
 
 @pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
@@ -123,6 +125,23 @@ def test_staged_objects_answer_every_member_jax_has(fun):
   assert all(x.is_deleted() for x in args)
   assert c_ours.plan.compiled and c_ours.plan.bytes_reused == 64
   np.testing.assert_array_equal(out[0], jax.jit(fun)(fresh(), fresh())[0])
+
+
+@JITS
+def test_jit_of_the_same_function_again_reuses_the_compiled_program(jit):
+  traces = []
+
+  def f(x):
+    traces.append(1)
+    return x + 1
+
+  xs = [fresh(value=k) for k in range(3)]
+  np.testing.assert_array_equal(jit(f)(xs[0]), np.full(8, 1.0))
+  for k in (1, 2):  # jit(f) written inline in a loop: no new trace, no new compile
+    out = []
+    assert count_compiles(lambda: out.append(jit(f)(xs[k]))) == 0
+    np.testing.assert_array_equal(out[0], np.full(8, k + 1.0))
+  assert len(traces) == 1
 
 
 def test_the_wrapped_function_keeps_jax_jit_attributes():
