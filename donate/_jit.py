@@ -295,8 +295,10 @@ class JitWrapped:
     outputs = [_plan.OutputInfo(p, tuple(a.shape), str(a.dtype), _nbytes(a), s)
                for p, a, s in zip(out_paths, closed.out_avals, out_sh)]
     requested = self._binding.donated_leaves(call)
+    xla_decides = _multi_device(leaves, outputs) and any(o.sharding_obj is None for o in outputs)
     plan = _plan.make_plan(self._name, leaves, outputs, requested, flow,
-                           keep_unused=self._keep_unused, adopt_inner=self._adopt_inner)
+                           keep_unused=self._keep_unused, adopt_inner=self._adopt_inner,
+                           xla_decides=xla_decides)
     comm = _symm.comm_buffers(marked)
     if comm:
       plan = dataclasses.replace(

@@ -472,9 +472,15 @@ def fcfs_pairs(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo],
   return pairs
 
 
-def _donors(leaves, outputs, donated, pairs) -> dict[int, int]:
+def _donors(leaves, outputs, donated, pairs, xla_decides: bool = False) -> dict[int, int | None]:
   """`jax.jit`'s second chance: a donated input left over becomes a buffer donor when an unpaired
-  output has as many elements (first come, first served); XLA decides whether to reuse it."""
+  output has as many elements (first come, first served); XLA decides whether to reuse it.
+
+  With `xla_decides` (a program over several devices whose output shardings are not all given),
+  `jax.jit` hands every donated input to XLA as a donor: XLA pairs them after partitioning.
+  """
+  if xla_decides:
+    return {i: None for i in donated if i not in pairs}
   free = collections.defaultdict(collections.deque)
   paired_outs = {j for j, _ in pairs.values()}
   for j, o in enumerate(outputs):
@@ -487,7 +493,7 @@ def _donors(leaves, outputs, donated, pairs) -> dict[int, int]:
   return donor_out
 
 
-def _layout(leaves, outputs, pairs, donor_out) -> Layout:
+def _layout(leaves, outputs, pairs, donor_out, xla_decides: bool = False) -> Layout:
   """The inner computation's donated leaves and output order, so that first come, first served
   yields `pairs`: in each (shape, dtype) group the k-th output gets the k-th donated input."""
   paired_out = {j: i for i, (j, _) in pairs.items()}
@@ -497,7 +503,7 @@ def _layout(leaves, outputs, pairs, donor_out) -> Layout:
   last_paired = {}
   for i in pairs:
     last_paired[_key(leaves[i])] = max(i, last_paired.get(_key(leaves[i]), -1))
-  donors = [i for i in donor_out if i > last_paired.get(_key(leaves[i]), -1)]
+  donors = [i for i in donor_out if xla_decides or i > last_paired.get(_key(leaves[i]), -1)]
   donated = tuple(sorted(set(pairs) | set(donors)))
   out_order = tuple(order) if order != list(range(len(outputs))) else None
   return Layout(donated, out_order)
@@ -574,7 +580,8 @@ def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -
     action, out, reason = ALIASED, outputs[j].path, _STRENGTH_WORDS[strength]
   elif i in donor_out:
     action, out = DONOR, None
-    reason = (f"no free output of its shape and dtype; XLA may reuse it for "
+    reason = ("a buffer donor: XLA pairs it with an output after partitioning" if donor_out[i]
+              is None else f"no free output of its shape and dtype; XLA may reuse it for "
               f"{outputs[donor_out[i]].path}")
   else:
     action, out, reason = UNUSABLE, None, _unusable_reason(leaf, outputs, pairs, leaves)
@@ -584,7 +591,8 @@ def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -
 
 def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo],
               requested: dict[int, str], flow: _dataflow.Dataflow, *,
-              keep_unused: bool = False, adopt_inner: bool = False) -> DonationPlan:
+              keep_unused: bool = False, adopt_inner: bool = False,
+              xla_decides: bool = False) -> DonationPlan:
   """Decides every input leaf; raises one DonationError listing every misuse found.
 
   Args:
@@ -595,6 +603,8 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
     flow: the dataflow of the traced program (`_dataflow.analyze`).
     keep_unused: keep unread inputs in the computation (as `jax.jit(keep_unused=True)`).
     adopt_inner: honour `jax.jit(donate_argnums=...)` of inner calls on the outer inputs.
+    xla_decides: the program spans several devices and not every output sharding is given:
+      `jax.jit` offers every donated input to XLA as a donor (see `_donors`).
   """
   sources, notes, ignored = _requests(requested, flow, adopt_inner)
   problems = _check(leaves, flow, outputs)
@@ -604,8 +614,9 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
   donated = [i for i in sorted(sources) if used[i] and leaves[i].is_array]
   pairs = _pair(leaves, outputs, donated, flow)
   explicit = set().union(*flow.out_explicit) if flow.out_explicit else set()
-  donor_out = _donors(leaves, outputs, [i for i in donated if i not in explicit], pairs)
-  layout = _layout(leaves, outputs, pairs, donor_out)
+  donor_out = _donors(leaves, outputs, [i for i in donated if i not in explicit], pairs,
+                      xla_decides)
+  layout = _layout(leaves, outputs, pairs, donor_out, xla_decides)
   donor_out = {i: j for i, j in donor_out.items() if i in layout.donated}
   decisions = tuple(_decide(i, leaf, sources.get(i, ""), used[i], pairs, donor_out, outputs,
                             leaves, ignored) for i, leaf in enumerate(leaves))
