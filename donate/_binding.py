@@ -131,10 +131,12 @@ def leaf_info(path: str, x) -> _plan.LeafInfo:
   else:
     kind = _plan.HOST
   aval = jax.typeof(x) if kind != _plan.ABSTRACT else x
-  shape = tuple(getattr(aval, "shape", ()))
-  dtype = str(getattr(aval, "dtype", type(x).__name__))
-  nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize if hasattr(
-      aval, "dtype") else 0
+  if not hasattr(aval, "shape"):  # a token or another value without a shape: never a buffer
+    return _plan.LeafInfo(path, (), type(aval).__name__, 0, "-", None, _plan.HOST,
+                          type(x).__name__)
+  shape = tuple(aval.shape)
+  dtype = str(aval.dtype)
+  nbytes = int(np.prod(shape, dtype=np.int64)) * int(getattr(aval.dtype, "itemsize", 0) or 0)
   sharding = getattr(x, "sharding", None) if kind != _plan.HOST else None
   memory_kind = getattr(sharding, "memory_kind", None)
   text = _plan.sharding_str(sharding) if kind != _plan.ABSTRACT or sharding is not None else "-"

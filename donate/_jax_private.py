@@ -107,3 +107,13 @@ def lowered_kept_leaves(jax_lowered) -> tuple[tuple[int, ...], int]:
   lowering = jax_lowered._lowering
   kept = tuple(sorted(lowering.compile_args["kept_var_idx"]))
   return kept, len(getattr(lowering, "const_args", ()) or ())
+
+
+# `jax.clear_caches()` clears every cache registered here; donate's plans (which hold traced
+# jaxprs) must go with them, or a cleared JAX cache would still be kept alive by donate.
+from jax._src import util as _util
+
+
+def register_cache(cache, for_what: str) -> None:
+  """Registers an object with `cache_clear()`, `cache_info()`, `cache_keys()` with JAX's caches."""
+  _util.register_cache(cache, for_what)

@@ -83,8 +83,10 @@ class _Gated:
   def __init__(self, fun):
     try:
       self._ref = weakref.ref(fun)
-    except TypeError:  # builtins cannot be referenced weakly: hold them (no sharing needed)
+      self.strong = False
+    except TypeError:  # cannot be referenced weakly: held, and run as jax.jit runs it
       self._ref = lambda: fun
+      self.strong = True
     self.gate = _Gate()
     self.trace_count = 0  # how many times the user function was traced (for tests)
     for name in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -145,8 +147,14 @@ class _Inner:
 
 @dataclasses.dataclass(eq=False)
 class Prepared:
-  """One planned signature: its trace, plan, how it runs, and its staged objects once made."""
-  wrapped: "JitWrapped"
+  """One planned signature: its trace, plan, how it runs, and its staged objects once made.
+
+  It holds no reference back to its `JitWrapped` (no cycle), so dropping the function frees
+  everything at once, as dropping a `jax.jit` function does.
+  """
+  jitted: Callable  # the gate: jax.jit of the user's function
+  binding: _binding.Binding
+  name: str
   call: _binding.Call  # the call's structure (its leaves are not kept)
   traced: Any  # jax.stages.Traced of the gate
   plan: _plan.DonationPlan
@@ -161,12 +169,12 @@ class Prepared:
   def donated(self) -> frozenset[int]:
     """The leaves the program donates (as `jax.jit`'s `args_info[...].donated` reports them)."""
     if self.native:
-      return frozenset(self.wrapped._binding.donated_leaves(self.call))
+      return frozenset(self.binding.donated_leaves(self.call))
     return frozenset(self.plan.layout.donated)
 
   def run(self, args, kwargs, leaves):
     if self.native:
-      return self.wrapped._jitted(*args, **kwargs)
+      return self.jitted(*args, **kwargs)
     return self.inner(leaves)
 
 
@@ -186,16 +194,20 @@ class JitWrapped:
       raise TypeError(f"Expected a callable value, got {fun!r}")
     jit_kwargs = dict(jit_kwargs or {})
     self._fun = fun
-    gated = self._gated = _gated_for(fun)
-    self._gate = gated.gate
-    self._name = getattr(fun, "__qualname__", getattr(fun, "__name__", repr(fun)))
-    # jax.jit validates every keyword exactly as it would for the user's function; its error
+    self._name = _fun_name(fun)
+    # jax.jit validates the function and every keyword exactly as for jax.jit(fun); its error
     # keeps its type and sentence, and gains the function's name and its parameters.
     try:
+      self._plain = jax.jit(fun, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                            **jit_kwargs)
+      gated = self._gated = _gated_for(fun)
       self._jitted = jax.jit(gated, donate_argnums=donate_argnums,
                              donate_argnames=donate_argnames, **jit_kwargs)
     except (ValueError, TypeError) as e:
       raise _keyword_error(self._name, fun, e) from e
+    self._gate = gated.gate
+    # A function JAX cannot reference weakly gets exactly jax.jit's behaviour, whatever it is.
+    self._plain_only = gated.strong
     functools.update_wrapper(self, fun)
     self._strict = strict
     self._adopt_inner = bool(adopt_inner_donation)
@@ -207,6 +219,7 @@ class JitWrapped:
     self._fast: dict[Any, Prepared] = {}
     self._prepared: dict[Any, Prepared] = {}
     self._lock = threading.RLock()
+    self._plans = _Plans(self)  # cleared with JAX's caches (jax.clear_caches())
 
   @property
   def trace_count(self) -> int:
@@ -234,6 +247,8 @@ class JitWrapped:
     return self._call_slow(args, kwargs)
 
   def _call_slow(self, args, kwargs):
+    if self._plain_only:
+      return self._plain(*args, **kwargs)
     if jax.config.jax_disable_jit:
       return self._fun(*args, **kwargs)
     if not _jax_private.trace_state_clean():
@@ -263,6 +278,8 @@ class JitWrapped:
 
   # ---- planning --------------------------------------------------------------------------------
   def _trace(self, args, kwargs):
+    if self._plain_only:  # raises, or answers, as jax.jit does
+      return self._plain.trace(*args, **kwargs)
     with self._gate, warnings.catch_warnings():
       warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
       return self._jitted.trace(*args, **kwargs)
@@ -293,6 +310,7 @@ class JitWrapped:
     out_paths = ["out" + tree_util.keystr(tuple(kp)) for kp, _ in tree_util.tree_flatten_with_path(
         tree_util.tree_unflatten(traced.out_tree, [0] * traced.out_tree.num_leaves))[0]]
     outputs = [_plan.OutputInfo(p, tuple(a.shape), str(a.dtype), _nbytes(a), s)
+               if hasattr(a, "shape") else _plan.OutputInfo(p, (), type(a).__name__, 0)
                for p, a, s in zip(out_paths, closed.out_avals, out_sh)]
     requested = self._binding.donated_leaves(call)
     xla_decides = _multi_device(leaves, outputs) and any(o.sharding_obj is None for o in outputs)
@@ -314,7 +332,8 @@ class JitWrapped:
       native = True  # layouts and hoisted consts: only jax.jit's own path handles them
     inner = None if native else self._inner(marked, plan, traced, in_sh, out_sh, gpu_options)
     structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
-    return Prepared(self, structure, traced, plan, native, inner, gpu_options=gpu_options)
+    return Prepared(self._jitted, self._binding, self._name, structure, traced, plan, native,
+                    inner, gpu_options=gpu_options)
 
   def _is_native(self, plan, leaves, outputs, requested, flow) -> bool:
     """Whether `jax.jit`'s own lowering makes the plan: same donated leaves, same pairs."""
@@ -430,6 +449,10 @@ class JitWrapped:
 
   def clear_cache(self):
     """Forgets every planned signature and clears the underlying `jax.jit` caches."""
+    self._forget()
+    self._jitted.clear_cache()
+
+  def _forget(self):
     with self._lock:
       for prep in self._prepared.values():
         if prep.inner is not None:
@@ -437,7 +460,6 @@ class JitWrapped:
       self._prepared.clear()
       self._fast.clear()
       self._native_only = False
-      self._jitted.clear_cache()
 
   def _cache_size(self) -> int:
     inner = {id(p.inner.jitted): p.inner.jitted for p in self._prepared.values() if p.inner}
@@ -449,7 +471,42 @@ class JitWrapped:
     return types.MethodType(self, obj)  # as jax.jit's functions bind to instances
 
   def __repr__(self) -> str:
-    return f"donate.jit({self._name})"
+    return repr(self._plain)  # as jax.jit's own repr, which handles every odd function
+
+  def __getstate__(self):
+    return self._plain.__getstate__()
+
+  def __reduce__(self):
+    donate_argnums, donate_argnames = self._user_argnums
+    return (_restore, (self._fun, dict(self._jit_kwargs, donate_argnums=donate_argnums,
+                                       donate_argnames=donate_argnames, strict=self._strict,
+                                       adopt_inner_donation=self._adopt_inner)))
+
+
+def _restore(fun, kwargs):
+  """Unpickles a `donate.jit` function: the same function with the same keywords."""
+  return jit(fun, **kwargs)
+
+
+class _Plans:
+  """A `JitWrapped`'s plans, as JAX's cache registry sees them: `jax.clear_caches()` forgets them."""
+
+  def __init__(self, wrapped):
+    self._ref = weakref.ref(wrapped)
+    _jax_private.register_cache(self, f"donate.jit plans of {wrapped._name}")
+
+  def cache_clear(self):
+    wrapped = self._ref()
+    if wrapped is not None:
+      wrapped._forget()
+
+  def cache_info(self):
+    wrapped = self._ref()
+    return len(wrapped._prepared) if wrapped is not None else 0
+
+  def cache_keys(self):
+    wrapped = self._ref()
+    return list(wrapped._prepared) if wrapped is not None else []
 
 
 def _keyword_error(name: str, fun, error: Exception) -> Exception:
@@ -467,6 +524,14 @@ def _keyword_error(name: str, fun, error: Exception) -> Exception:
           "static_argnames, and never the same one in both"))
 
 
+def _fun_name(fun) -> str:
+  """The function's name for messages, through partials; never fails (a repr may raise)."""
+  while isinstance(fun, functools.partial):
+    fun = fun.func
+  name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
+  return name if isinstance(name, str) else type(fun).__name__
+
+
 def _nbytes(aval) -> int:
   size = 1
   for d in aval.shape:
@@ -476,8 +541,16 @@ def _nbytes(aval) -> int:
 
 def _multi_device(leaves, outputs) -> bool:
   shardings = [l.sharding_obj for l in leaves] + [o.sharding_obj for o in outputs]
-  return any(s is not None and len(s.device_set) > 1 for s in shardings
-             if hasattr(s, "device_set"))
+  return any(_num_devices(s) > 1 for s in shardings if s is not None)
+
+
+def _num_devices(sharding) -> int:
+  """Devices a sharding spans; abstract meshes (no devices) count by their size."""
+  try:
+    return len(sharding.device_set)
+  except Exception:  # an AbstractMesh has no devices
+    mesh = getattr(sharding, "mesh", None)
+    return int(getattr(mesh, "size", 1) or 1)
 
 
 def _symm_gpu():
@@ -488,7 +561,10 @@ def _platform(leaves) -> str:
   """The platform of the first leaf (a LeafInfo or an array) that is placed on devices."""
   for leaf in leaves:
     sharding = getattr(leaf, "sharding_obj", None) or getattr(leaf, "sharding", None)
-    devices = getattr(sharding, "device_set", None)
+    try:
+      devices = sharding.device_set if sharding is not None else None
+    except Exception:  # an AbstractMesh has no devices
+      devices = None
     if devices:
       return next(iter(devices)).platform
   return jax.default_backend()
@@ -507,7 +583,7 @@ def _check_duplicates(prep: Prepared, call: _binding.Call, plan: _plan.DonationP
       if j != i and (i in consumed or j in consumed):
         d = plan.decisions
         raise _errors.DonationRuntimeError(_errors.message(
-            f"the same array is passed twice to {prep.wrapped._name}, once as {d[j].path} and "
+            f"the same array is passed twice to {prep.name}, once as {d[j].path} and "
             f"once as {d[i].path}, and at least one is donated", expected="distinct buffers",
             got="one buffer in two places",
             fix="pass a copy (x.copy()) in one place or do not donate it"))
