@@ -179,7 +179,7 @@ class _Analysis:
       if op in PASS_THROUGH or op == "opt-barrier":
         nxt = self.operand(instr)
       elif op == "get-tuple-element":
-        index, nxt = (int(instr.attrs.get("index", 0)),) + index, self.operand(instr)
+        index, nxt = (int(instr.attr("index") or 0),) + index, self.operand(instr)
       elif op == "tuple" and index:
         nxt, index = self.operand(instr, index[0]), index[1:]
       elif op == "while" and index:
@@ -246,8 +246,8 @@ def inplace_operand(module: _hlo.Module, instr: _hlo.Instruction) -> int | None:
   them, custom calls with `output_to_operand_aliasing`), or None."""
   if instr.opcode in _UPDATES:
     return 0
-  if instr.opcode == "custom-call" and "output_to_operand_aliasing" in instr.attrs:
-    text = instr.attrs["output_to_operand_aliasing"]
+  text = instr.attr("output_to_operand_aliasing") if instr.opcode == "custom-call" else None
+  if text:
     inner = text[text.find("(") + 1:text.find(",", text.find("("))]
     return int(inner) if inner.strip().isdigit() else None
   if instr.opcode not in ("fusion", "fusion-start"):
@@ -289,7 +289,7 @@ def _slot(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction) -> _Slot
   else:
     out = comp.get(root.operands[k]) if root.opcode == "tuple" and k < len(root.operands) else None
     inputs = tuple(i for i in comp.instructions if i.opcode == "get-tuple-element"
-                   and int(i.attrs.get("index", -1)) == k
+                   and int(i.attr("index") or -1) == k
                    and (p := comp.get(i.operands[0])) is not None and p.opcode == "parameter")
   if out is None:
     return None
@@ -319,7 +319,7 @@ def _slot_index(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction):
   if node.opcode == "get-tuple-element":
     src = a.operand(node)
     if src is not None and src.opcode == "parameter":
-      return ("tuple", int(node.attrs.get("index", 0)))
+      return ("tuple", int(node.attr("index") or 0))
   # The copy's operand was made in this computation: find the root position it flows to.
   users = a.users(comp)
   node, seen = copy, set()

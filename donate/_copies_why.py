@@ -29,6 +29,12 @@ _UPDATE_PRIMITIVES = frozenset({"scatter", "scatter-add", "scatter_add", "scatte
 def explain(a, comp, copy, origin, slot, value) -> tuple[str, list[str], str | None]:
   """(reason, source lines, fix) for one copy of `value`; see the module docstring."""
   in_loop = bool(a.context(comp.name)[0])
+  source = a.operand(copy)
+  if source is not None and None not in (source.shape.layout, copy.shape.layout) \
+      and source.shape.layout != copy.shape.layout:
+    lines = [ln for u, k in a.users(comp).get(copy.name, ()) for ln in reader_lines(a, u, k)]
+    return (f"a layout change {source.shape.layout} -> {copy.shape.layout} of {value}: XLA "
+            f"rewrites the buffer in the order its consumer{_at(lines)} reads it", lines, None)
   if slot is not None and slot.path and slot.path[-1] in slot.inputs:
     found = _read_after_update(a, comp, slot, value, in_loop, origin, _shape(a, copy))
     if found is not None:
@@ -45,13 +51,7 @@ def explain(a, comp, copy, origin, slot, value) -> tuple[str, list[str], str | N
               "writes it in place, so the conditional's result needs a buffer of its own",
               [line] if line else [], None)
   if slot is not None and slot.path and slot.path[-1] not in slot.inputs:
-    producer = slot.path[-1]
-    while producer.opcode == "get-tuple-element" and a.operand(producer) is not None:
-      producer = a.operand(producer)
-    line = a.m.source(producer)
-    what = _WORDS.get(producer.opcode, producer.opcode)
-    return (f"the new value of {value} is computed by {what}{_at([line])} into a buffer of its "
-            "own and copied into the carry's buffer", [line] if line else [], None)
+    return _computed_elsewhere(a, comp, copy, slot, value)
   if comp.is_entry and origin.param is not None and origin.param not in a.m.aliases:
     return _not_donated(a, comp, copy, origin, value)
   lines = _own(a, copy)
@@ -109,6 +109,26 @@ def _with_copies(users, names) -> set[str]:
         out.add(user.name)
         todo.append(user.name)
   return out
+
+
+def _computed_elsewhere(a, comp, copy, slot, value):
+  """The outgoing value is not an in-place update of the incoming buffer."""
+  producer = slot.path[-1]
+  while producer.opcode == "get-tuple-element" and a.operand(producer) is not None:
+    producer = a.operand(producer)
+  made = a.m.source(producer)
+  what = _WORDS.get(producer.opcode, producer.opcode)
+  target = "the carry's buffer" if slot.index is not None else "the donated buffer"
+  if copy in slot.path:  # the copy writes the new value into the slot's buffer
+    return (f"the new value of {value} is computed by {what}{_at([made])} into a buffer of its "
+            f"own and copied into {target}", [made] if made else [], None)
+  users = a.users(comp)
+  read = [ln for name in _with_copies(users, [copy.name]) for u, k in users.get(name, ())
+          if not u.is_root and u.opcode not in ("copy", "bitcast") for ln in reader_lines(a, u, k)]
+  read = list(dict.fromkeys(read))
+  return (f"the new value of {value} is written into {target} by {what}{_at([made])} while its "
+          f"old value is still read{_at(read)}, so XLA keeps the old value in a copy",
+          read + ([made] if made else []), None)
 
 
 def _not_donated(a, comp, copy, origin, value):

@@ -25,6 +25,7 @@ It splits on brackets and quotes, never on one version's spelling: operands may 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -36,6 +37,7 @@ _ITEMSIZE = {
 }
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 _OPENERS, _CLOSERS = "({[", ")}]"
+_CALLS = re.compile(r"(?<![\w.])([a-z_]+)=(%[\w.\-]+|\{%[^}]*\})")
 _NESTED = re.compile(r'["({\[]')
 _COMMENT = re.compile(r"/\*.*?\*/")
 
@@ -46,6 +48,7 @@ class Shape:
   dtype: str | None
   dims: tuple[int, ...] = ()
   elements: tuple["Shape", ...] | None = None
+  layout: str | None = None  # e.g. "{1,0}", when printed
 
   @property
   def nbytes(self) -> int:
@@ -65,41 +68,49 @@ class Shape:
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Instruction:
-  """One HLO instruction; `position` is its place in its computation (the schedule order)."""
+  """One HLO instruction; `position` is its place in its computation (the schedule order).
+
+  Attributes are kept as text (`attrs_text`) and read on demand by `attr`, so that parsing a
+  large module touches only what the copy report asks for.
+  """
   name: str
   shape: Shape
   opcode: str
   operands: tuple[str, ...]
-  attrs: dict[str, str]
+  inside: str  # the text between the opcode's parentheses
+  attrs_text: str
   position: int
   computation: str
   is_root: bool = False
 
+  def attr(self, key: str) -> str | None:
+    """The text of attribute `key` (`index`, `calls`, `metadata`, ...), or None."""
+    text = self.attrs_text
+    k = text.find(f" {key}=")
+    while k >= 0 and text[k - 1] != ",":
+      k = text.find(f" {key}=", k + 1)
+    if k < 0:
+      return None
+    start = k + len(key) + 2
+    if start < len(text) and text[start] in '{(["':
+      return text[start:_close(text, start)]
+    end = text.find(",", start)
+    return text[start:end if end >= 0 else len(text)].strip()
+
   def metadata(self) -> dict[str, str]:
-    return _fields(self.attrs.get("metadata", ""))
+    return _fields(self.attr("metadata") or "")
 
   def called(self) -> list[tuple[str, str]]:
     """(attribute, computation name) for every computation this instruction calls."""
-    out = []
-    for key, value in self.attrs.items():
-      if key in ("", "metadata", "backend_config", "frontend_attributes", "sharding"):
-        continue
-      for part in split_top(value.strip().strip("{}")):
-        part = part.strip()
-        if part.startswith("%"):
-          out.append((key, part[1:]))
-    return out
+    return [(key, name.strip().lstrip("%")) for key, value in _CALLS.findall(self.attrs_text)
+            for name in value.strip("{}").split(",")]
 
   def parameter_number(self) -> int | None:
-    return int(self.operands_text) if self.opcode == "parameter" else None
-
-  @property
-  def operands_text(self) -> str:
-    return self.attrs.get("", "")
+    return int(self.inside) if self.opcode == "parameter" else None
 
   def trip_count(self) -> int | None:
     """A while loop's known trip count from its `backend_config`, if XLA recorded one."""
-    config = self.attrs.get("backend_config")
+    config = self.attr("backend_config")
     if not config:
       return None
     try:
@@ -209,7 +220,9 @@ def _fields(text: str) -> dict[str, str]:
   return out
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_shape(text: str) -> Shape:
+  """Parses `f32[8,128]{1,0}` or a tuple `(s32[], f32[8]{0})`; shapes repeat, so it caches."""
   text = text.strip()
   if text.startswith("("):
     inner = text[1:_close(text, 0) - 1]
@@ -218,39 +231,40 @@ def parse_shape(text: str) -> Shape:
   if m is None:
     return Shape(text.split("[")[0] or None)
   dims = tuple(int(d.strip().lstrip("<=")) for d in m.group(2).split(",") if d.strip())
-  return Shape(m.group(1), dims)
+  rest = text[m.end():]
+  return Shape(m.group(1), dims, None, rest[:_close(rest, 0)] if rest.startswith("{") else None)
 
 
 def _operand_name(text: str) -> str:
+  text = text.strip()
+  if text.startswith("%") and " " not in text:
+    return text[1:]
   tokens = text.split()
   named = [t for t in tokens if t.startswith("%")]
   return (named[-1] if named else (tokens[-1] if tokens else "")).lstrip("%")
 
 
 def _instruction(line: str, position: int, computation: str) -> Instruction | None:
-  line = _COMMENT.sub("", line).strip()
+  if "/*" in line:
+    line = _COMMENT.sub("", line)
+  line = line.strip()
   is_root = line.startswith("ROOT ")
   if is_root:
     line = line[5:]
   name, eq, rest = line.partition(" = ")
   if not eq:
     return None
-  rest = rest.strip()
   end = _close(rest, 0) if rest.startswith("(") else rest.find(" ")
-  shape, rest = parse_shape(rest[:end]), rest[end:].strip()
+  shape, rest = parse_shape(rest[:end]), rest[end:].lstrip()
   open_at = rest.find("(")
-  opcode = rest[:open_at].strip()
-  close_at = _close(rest, open_at)
-  inside = rest[open_at + 1:close_at - 1]
-  attrs = {"": inside.strip()}
-  for part in split_top(rest[close_at:]):
-    key, eq, value = part.partition("=")
-    if eq:
-      attrs[key.strip()] = value.strip()
-  operands = () if opcode in ("parameter", "constant", "iota") else tuple(
-      _operand_name(p) for p in split_top(inside) if p.strip())
-  return Instruction(name.strip().lstrip("%"), shape, opcode, operands, attrs, position,
-                     computation, is_root)
+  close_at = rest.find(")", open_at) + 1
+  if _NESTED.search(rest, open_at + 1, close_at - 1):
+    close_at = _close(rest, open_at)
+  opcode, inside = rest[:open_at].strip(), rest[open_at + 1:close_at - 1].strip()
+  operands = () if opcode in ("parameter", "constant", "iota") or not inside else tuple(
+      _operand_name(p) for p in split_top(inside))
+  return Instruction(name.strip().lstrip("%"), shape, opcode, operands, inside,
+                     rest[close_at:], position, computation, is_root)
 
 
 def _aliases(header: str) -> dict[int, tuple[int, ...]]:
