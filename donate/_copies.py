@@ -125,6 +125,7 @@ class _Analysis:
     self._users: dict[str, dict] = {}
     self._contexts: dict[str, tuple] = {}
     self._loops: dict[int, Loop] = {}
+    self._states: dict[str, _hlo.Shape] = {}  # while name -> its loop state's shape
 
   def users(self, comp: _hlo.Computation):
     if comp.name not in self._users:
@@ -144,6 +145,7 @@ class _Analysis:
       if self.loops_info is not None:
         loop = dataclasses.replace(loop, kind=self.loops_info.kind(loop.line))
       self._loops[id(instr)] = loop
+      self._states[instr.name] = instr.shape
     return loop
 
   def context(self, name: str) -> tuple[tuple[Loop, ...], int | None]:
@@ -231,7 +233,11 @@ class _Analysis:
     return f"the result of {what}" + (f" at {where}" if where else "")
 
   def carry_words(self, loop: Loop, shape: _hlo.Shape, k: int) -> str:
-    name = (self.loops_info.carry_name(loop.line, shape, k) if self.loops_info else None) \
+    state = self._states.get(loop.name)
+    same = [j for j, e in enumerate(state.elements or ()) if (e.dims, e.dtype) ==
+            (shape.dims, shape.dtype)] if state is not None else []
+    rank = (same.index(k), len(same)) if k in same else None
+    name = (self.loops_info.carry_name(loop.line, shape, rank) if self.loops_info else None) \
         or f"carry {k}"
     return f"{name} of {loop.kind} at {loop.line or loop.name}"
 

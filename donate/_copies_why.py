@@ -278,18 +278,25 @@ class JaxprLoops:
     found = self.loops.get(_line_key(line))
     return found[0][0] if found else "loop"
 
-  def _carry(self, line, shape):
+  def _carry(self, line, shape, rank=None):
+    """(jaxpr carry index, its variable, the loop body) of the carry of this shape and dtype.
+
+    With several carries of that shape, `rank` = (position among the compiled loop state's
+    elements of that shape, how many there are) picks one when the counts agree (XLA keeps the
+    order of the loop state).
+    """
     for kind, carries, body in self.loops.get(_line_key(line), ()):
       same = [j for j, v in enumerate(carries) if tuple(v.aval.shape) == tuple(shape.dims)
               and hlo_dtype(v.aval.dtype) == shape.dtype]
+      if len(same) > 1 and rank is not None and rank[1] == len(same):
+        same = [same[rank[0]]]
       if len(same) == 1:
         return same[0], carries[same[0]], body
     return None
 
-  def carry_name(self, line: str | None, shape, k: int) -> str | None:
-    """`carry[j]` (the jaxpr's carry index) when one carry of the loop has this shape and dtype."""
-    del k
-    found = self._carry(line, shape) if shape.elements is None else None
+  def carry_name(self, line: str | None, shape, rank=None) -> str | None:
+    """`carry[j]`, the carry's index in the jaxpr loop, when it can be told (see `_carry`)."""
+    found = self._carry(line, shape, rank) if shape.elements is None else None
     return f"carry[{found[0]}]" if found else None
 
   def carry_lines(self, line: str | None, shape) -> tuple[list[str], list[str]]:

@@ -82,6 +82,17 @@ def cond_in_loop(buf, xs):
   return jax.lax.scan(body, buf, xs)  # COND-LOOP
 
 
+def kv_decode(cache_k, cache_v, q):
+  def step(carry, t):
+    k, v, q = carry
+    prev = v[t - 1]  # KV-READ
+    k = jax.lax.dynamic_update_slice(k, jnp.tanh(q)[None], (t, 0))
+    v = jax.lax.dynamic_update_slice(v, q[None], (t, 0))  # KV-UPDATE
+    q = jnp.tanh(jax.nn.softmax(k @ q) @ v + prev)
+    return (k, v, q), q[0]
+  return jax.lax.scan(step, (cache_k, cache_v, q), jnp.arange(1, 5))
+
+
 def _compile(fn, *args, donate=0, threshold=65536):
   compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
   paths = list(inspect.signature(fn).parameters)
@@ -156,6 +167,15 @@ def test_cond_inside_a_loop():
   assert all(_where(r.loop.line) == _line("COND-LOOP") and r.count == 8 for r in records)
   reasons = " ".join(r.reason for r in records)
   assert _line("COND-READ") in reasons and "cond" in reasons
+
+
+def test_two_carries_of_one_shape_are_told_apart():
+  cache = jnp.zeros((256, 128))
+  records, _ = _compile(kv_decode, cache, cache, jnp.ones(128), donate=(0, 1))
+  assert records
+  for r in records:
+    assert r.input_path == "cache_v" and "carry[1] of scan" in r.value and r.count == 4
+    assert {_line("KV-READ"), _line("KV-UPDATE")} <= {_where(ln) for ln in r.lines}
 
 
 def test_text_and_html_sections():
