@@ -460,20 +460,22 @@ def copies_html(records: tuple[CopyRecord, ...]) -> str:
 
 
 def strict_problems(records: tuple[CopyRecord, ...], function: str) -> list[str]:
-  """One message (the library's shape) per copied donated buffer or loop carry; for strict mode."""
+  """One message (the library's shape) per copied donated buffer or loop carry; for strict mode.
+
+  >>> r = CopyRecord("copy.6", "copy", 4 << 20, (1 << 20,), "f32", (), 1, "buf", "buf", None,
+  ...     True, (), "buf is read at f.py:4 after it is updated in place at f.py:3", None)
+  >>> print(strict_problems((r,), "step")[0])
+  donate: step: XLA copies a donated buffer (4.0 MiB, once per call) at buf: expected no copy, \
+got buf is read at f.py:4 after it is updated in place at f.py:3. Fix: change the code at the \
+lines named so that the buffer is not read after it is updated in place, or leave strict="copies" \
+off to accept the copy.
+  """
   return [_errors.message(
-      f"{function}: XLA copies {r.value} ({_size(r.nbytes)}, {how_often(r)}) because {r.reason}",
-      path=r.input_path, expected="no copy of a donated buffer or loop carry",
-      got=f"{r.opcode} {r.instruction}",
-      fix=r.fix or "change the code at the lines named so that the buffer is not read after it is "
-      "updated in place, or pass strict=False to accept the copy") for r in records if r.donated]
-
-
-def raise_if_copied(records: tuple[CopyRecord, ...], function: str) -> None:
-  """Raises `DonationError` listing every copied donated buffer or loop carry, if any."""
-  problems = strict_problems(records, function)
-  if problems:
-    raise _errors.DonationError("\n".join(problems))
+      f"{function}: XLA copies a {'loop carry' if r.loops else 'donated buffer'} "
+      f"({_size(r.nbytes)}, {how_often(r)})", path=r.value, expected="no copy", got=r.reason,
+      fix=r.fix or "change the code at the lines named so that the buffer is not read after it "
+      "is updated in place, or leave strict=\"copies\" off to accept the copy")
+      for r in records if r.donated]
 
 
 def _array(r: CopyRecord) -> str:
