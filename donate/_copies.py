@@ -34,6 +34,7 @@ from donate import _hlo
 PASS_THROUGH = frozenset({"copy", "bitcast", "copy-start", "copy-done"})
 COPIES = frozenset({"copy", "copy-start"})
 _UPDATES = frozenset({"dynamic-update-slice", "scatter"})
+_CONTROL = frozenset({"while", "call", "conditional", "async-start"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -133,10 +134,9 @@ class _Analysis:
     return self._users[comp.name]
 
   def fused(self, comp: _hlo.Computation) -> bool:
+    """Whether `comp` runs inside a kernel (a fusion's body, a reduction's scalar function)."""
     callers = self.m.callers.get(comp.name, ())
-    return bool(callers) and all(c.opcode != "while" and c.opcode != "call" and
-                                 c.opcode != "conditional" and c.opcode != "async-start"
-                                 for c, _ in callers)
+    return bool(callers) and all(c.opcode not in _CONTROL for c, _ in callers)
 
   def loop(self, instr: _hlo.Instruction) -> Loop:
     loop = self._loops.get(id(instr))
@@ -396,8 +396,8 @@ def _record(a: _Analysis, comp: _hlo.Computation, instr: _hlo.Instruction,
       and callers[0][0].opcode == "while" and loops:
     carry = slot.index  # the new carry value is made here: name the carry it becomes
     value = a.carry_words(loops[-1], shape, carry)
-  donated = (origin.param is not None and origin.param in a.m.aliases) or bool(origin.carries) \
-      or carry is not None
+  donated = ((origin.param is not None and origin.param in a.m.aliases) or bool(origin.carries)
+             or carry is not None) and _copies_why.layout_change(a, instr) is None
   reason, lines, fix = _copies_why.explain(a, comp, instr, origin, slot, value)
   input_path = a.path(origin.param) if origin.param is not None else None
   return CopyRecord(instr.name, instr.opcode, shape.nbytes, shape.dims, shape.dtype or "?",

@@ -29,12 +29,11 @@ _UPDATE_PRIMITIVES = frozenset({"scatter", "scatter-add", "scatter_add", "scatte
 def explain(a, comp, copy, origin, slot, value) -> tuple[str, list[str], str | None]:
   """(reason, source lines, fix) for one copy of `value`; see the module docstring."""
   in_loop = bool(a.context(comp.name)[0])
-  source = a.operand(copy)
-  if source is not None and None not in (source.shape.layout, copy.shape.layout) \
-      and source.shape.layout != copy.shape.layout:
+  layouts = layout_change(a, copy)
+  if layouts is not None:
     lines = [ln for u, k in a.users(comp).get(copy.name, ()) for ln in reader_lines(a, u, k)]
-    return (f"a layout change {source.shape.layout} -> {copy.shape.layout} of {value}: XLA "
-            f"rewrites the buffer in the order its consumer{_at(lines)} reads it", lines, None)
+    return (f"a layout change {layouts[0]} -> {layouts[1]} of {value}: XLA rewrites the buffer "
+            f"in the order its consumer{_at(lines)} reads it", lines, None)
   if slot is not None and slot.path and slot.path[-1] in slot.inputs:
     found = _read_after_update(a, comp, slot, value, in_loop, origin, _shape(a, copy))
     if found is not None:
@@ -57,6 +56,15 @@ def explain(a, comp, copy, origin, slot, value) -> tuple[str, list[str], str | N
   lines = _own(a, copy)
   return f"XLA copies {value}" + (f" (the copy is attributed to {lines[0]})" if lines else ""), \
       lines, None
+
+
+def layout_change(a, copy) -> tuple[str, str] | None:
+  """(operand layout, result layout) when a copy only changes the layout (a transpose)."""
+  source = a.operand(copy)
+  if copy.opcode != "copy" or source is None:
+    return None
+  old, new = source.shape.layout, copy.shape.layout
+  return (old, new) if None not in (old, new) and old != new else None
 
 
 def _read_after_update(a, comp, slot, value, in_loop, origin, shape):
