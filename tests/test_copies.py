@@ -6,12 +6,15 @@ compiled program's own temporaries (`memory_analysis()`), and their lines agains
 
 import importlib.util
 import inspect
+import json
+import re
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from donate import _copies
+from donate import _hlo
 
 N = 2**20  # a 4 MiB float32 carry
 XS = jnp.arange(8.0)
@@ -176,6 +179,22 @@ def test_two_carries_of_one_shape_are_told_apart():
   for r in records:
     assert r.input_path == "cache_v" and "carry[1] of scan" in r.value and r.count == 4
     assert {_line("KV-READ"), _line("KV-UPDATE")} <= {_where(ln) for ln in r.lines}
+
+
+def test_older_spellings_parse_alike():
+  """Quoted backend_config and source_file/source_line metadata (older XLA) give the same report."""
+  text = jax.jit(read_then_update, donate_argnums=0).lower(jnp.zeros(N), XS).compile().as_text()
+  module = _hlo.parse(text)
+  frames = {f"stack_frame_id={k}": v for k, v in module.frames.items()}
+  older = re.sub(r"backend_config=(\{.*\})", lambda m: "backend_config=" + json.dumps(m.group(1)),
+                 text)
+  older = re.sub(r"stack_frame_id=\d+", lambda m: 'source_file="{}" source_line={}'.format(
+      *module.locations[frames[m.group(0)]].split(" (")[0].rsplit(":", 1)), older)
+  assert "stack_frame_id" not in older and 'backend_config="{' in older
+  key = lambda r: (r.instruction, r.nbytes, r.count, r.loop.trip_count, r.input_path,
+                   tuple(_where(ln) for ln in r.lines))
+  assert [key(r) for r in _copies.find_copies(older, in_paths=["buf", "xs"])] == \
+      [key(r) for r in _copies.find_copies(text, in_paths=["buf", "xs"])]
 
 
 def test_text_and_html_sections():
