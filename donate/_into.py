@@ -101,8 +101,8 @@ def _wrapper_for(wrapped):
       kwargs["in_shardings"] = (None, *in_sh) if isinstance(in_sh, (tuple, list)) else in_sh
     donate_argnums, donate_argnames = wrapped._user_argnums
     wrapped._into_wrapper = JitWrapped(
-        _with_out(wrapped), _shift(donate_argnums), donate_argnames, wrapped._strict,
-        wrapped._adopt_inner, kwargs)
+        _with_out(wrapped), _shift(donate_argnums), donate_argnames, wrapped._strict_arg,
+        wrapped._adopt_inner, kwargs, wrapped._copy_threshold)
     return wrapped._into_wrapper
 
 

@@ -38,6 +38,7 @@ import jax
 from jax import tree_util
 
 from donate import _binding
+from donate import _copies
 from donate import _dataflow
 from donate import _errors
 from donate import _jax_private
@@ -163,6 +164,7 @@ class Prepared:
   lowered: Any = None  # jax.stages.Lowered
   compiled: Any = None  # jax.stages.Compiled
   gpu_options: dict = dataclasses.field(default_factory=dict)
+  in_paths: list | None = None  # the compiled module's parameters as the user's leaf paths
   lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
   @property
@@ -189,7 +191,8 @@ class JitWrapped:
   """
 
   def __init__(self, fun: Callable, donate_argnums=None, donate_argnames=None, strict=False,
-               adopt_inner_donation: bool = False, jit_kwargs: dict | None = None):
+               adopt_inner_donation: bool = False, jit_kwargs: dict | None = None,
+               copy_threshold: int = 65536):
     if not callable(fun):
       raise TypeError(f"Expected a callable value, got {fun!r}")
     jit_kwargs = dict(jit_kwargs or {})
@@ -209,7 +212,9 @@ class JitWrapped:
     # A function JAX cannot reference weakly gets exactly jax.jit's behaviour, whatever it is.
     self._plain_only = gated.strong
     functools.update_wrapper(self, fun)
-    self._strict = strict
+    self._strict_arg = strict
+    self._strict, self._strict_copies = _strict_modes(strict)
+    self._copy_threshold = int(copy_threshold)
     self._adopt_inner = bool(adopt_inner_donation)
     self._jit_kwargs = jit_kwargs
     self._keep_unused = bool(jit_kwargs.get("keep_unused", False))
@@ -416,10 +421,13 @@ class JitWrapped:
       if device_assignment is not None:
         kwargs["device_assignment"] = device_assignment
       compiled = lowered.compile(**kwargs)
-      plan = _realize(prep, lowered, compiled)
+      plan = _realize(prep, lowered, compiled, self._copy_threshold)
       explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
       if explicit or (self._strict and len(plan.unusable) > len(prep.plan.unusable)):
         raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
+      copied = _copies.strict_problems(plan.copies, self._name) if self._strict_copies else []
+      if copied:
+        raise _errors.DonationError("\n".join(copied))
       if not kwargs:
         prep.compiled, prep.plan = compiled, plan
       return compiled, plan
@@ -479,8 +487,9 @@ class JitWrapped:
   def __reduce__(self):
     donate_argnums, donate_argnames = self._user_argnums
     return (_restore, (self._fun, dict(self._jit_kwargs, donate_argnums=donate_argnums,
-                                       donate_argnames=donate_argnames, strict=self._strict,
-                                       adopt_inner_donation=self._adopt_inner)))
+                                       donate_argnames=donate_argnames, strict=self._strict_arg,
+                                       adopt_inner_donation=self._adopt_inner,
+                                       copy_threshold=self._copy_threshold)))
 
 
 def _restore(fun, kwargs):
@@ -522,6 +531,17 @@ def _keyword_error(name: str, fun, error: Exception) -> Exception:
       f"donate.jit of {name}: {str(error).rstrip('.')}", expected=f"arguments of {name}({params})",
       fix="name parameters that exist in donate_argnums/donate_argnames and static_argnums/"
           "static_argnames, and never the same one in both"))
+
+
+def _strict_modes(strict) -> tuple[bool, bool]:
+  """`strict` as (unusable donations raise, copies of donated buffers raise)."""
+  modes = {strict} if isinstance(strict, (bool, str)) else set(strict)
+  unknown = modes - {True, False, "unusable", "copies"}
+  if unknown:
+    raise _errors.DonationError(_errors.message(
+        "donate.jit: unknown strict mode", expected="True, False, \"unusable\", \"copies\" or a "
+        "tuple of the last two", got=repr(strict), fix="pass strict=True or strict=\"copies\""))
+  return bool(modes & {True, "unusable"}), "copies" in modes
 
 
 def _fun_name(fun) -> str:
@@ -589,21 +609,35 @@ def _check_duplicates(prep: Prepared, call: _binding.Call, plan: _plan.DonationP
             fix="pass a copy (x.copy()) in one place or do not donate it"))
 
 
-def _realize(prep: Prepared, lowered, compiled) -> _plan.DonationPlan:
-  """The plan with the aliases the compiled program really has and its memory figures."""
+def _realize(prep: Prepared, lowered, compiled, copy_threshold: int) -> _plan.DonationPlan:
+  """The plan with the aliases the compiled program really has, its memory figures and the
+  copies XLA added."""
   kept, n_consts = _jax_private.lowered_kept_leaves(lowered)
   n_params = _main_param_count(lowered)
   offset = n_params - len(kept)  # effect tokens and hoisted constants come first
   n_out_tokens = offset - n_consts
   order = None if prep.native else prep.inner.out_order
+  text = compiled.as_text()
+  paths = [d.path for d in prep.plan.decisions]
+  prep.in_paths = (["<effect token>"] * n_out_tokens + ["<constant>"] * n_consts
+                   + [paths[i] for i in kept])
+  copies = _copies_of(prep, text, copy_threshold)
   realized = {}
-  for param, out in _realized_aliases(compiled.as_text()).items():
+  for param, out in _realized_aliases(text).items():
     if param < offset:
       continue
     k = out - n_out_tokens
     realized[kept[param - offset]] = order[k] if order is not None else k
   shardings = _sharding_differences(prep, compiled, realized)
-  return prep.plan.realize(realized, _plan.MemoryStats.from_compiled(compiled), shardings)
+  plan = prep.plan.realize(realized, _plan.MemoryStats.from_compiled(compiled), shardings)
+  return dataclasses.replace(plan, copies=copies, copy_threshold=copy_threshold)
+
+
+def _copies_of(prep: Prepared, compiled_or_text, threshold: int) -> tuple:
+  """The copies XLA added to a compiled signature, its parameters named by the user's paths."""
+  text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
+  return _copies.find_copies(text, in_paths=prep.in_paths, threshold=threshold,
+                             jaxpr=prep.traced.jaxpr)
 
 
 def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]]:
@@ -662,7 +696,8 @@ def _user_stacklevel() -> int:
 
 
 def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=None,
-        strict: bool = False, adopt_inner_donation: bool = False, **jax_jit_kwargs):
+        strict: bool | str | tuple[str, ...] = False, adopt_inner_donation: bool = False,
+        copy_threshold: int = 65536, **jax_jit_kwargs):
   """A drop-in for `jax.jit` that plans donation per leaf and explains itself.
 
   Usable as `@donate.jit`, `@donate.jit(...)` and `donate.jit(f, ...)`. Every `jax.jit` keyword
@@ -680,13 +715,17 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
     fun: the function to compile.
     donate_argnums: positions of arguments whose buffers the call may consume.
     donate_argnames: names of arguments whose buffers the call may consume.
-    strict: raise `DonationError` (before anything is consumed) when a requested donation cannot
-      be used, or names a leaf that is not a device buffer, instead of warning
-      `UnusableDonationWarning` once per compile.
+    strict: `True` (or "unusable"): raise `DonationError` (before anything is consumed) when a
+      requested donation cannot be used, or names a leaf that is not a device buffer, instead of
+      warning `UnusableDonationWarning` once per compile. "copies": raise when XLA copies a
+      donated buffer or a loop carry of at least `copy_threshold` bytes anyway (see
+      `Compiled.copies()`). `("unusable", "copies")`: both.
     adopt_inner_donation: also donate outer inputs that a plain inner
       `jax.jit(..., donate_argnums=...)` (or `equinox.filter_jit(donate=...)`) donates. Off by
       default: like `jax.jit`, the outer call then consumes only what it was asked to; the plan
       lists the inner donation as ignored. (An inner `donate.jit` is always honoured.)
+    copy_threshold: the smallest copy, in bytes, that the plan's "copies XLA added" section and
+      `Compiled.copies()` report.
     **jax_jit_kwargs: any other `jax.jit` keyword.
 
   Returns:
@@ -705,6 +744,6 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
   if fun is None:
     return lambda f: jit(f, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                          strict=strict, adopt_inner_donation=adopt_inner_donation,
-                         **jax_jit_kwargs)
+                         copy_threshold=copy_threshold, **jax_jit_kwargs)
   return JitWrapped(fun, donate_argnums, donate_argnames, strict, adopt_inner_donation,
-                    jax_jit_kwargs)
+                    jax_jit_kwargs, copy_threshold)

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from donate import _copies
 from donate import _dataflow
 from donate import _errors
 
@@ -183,6 +184,8 @@ class DonationPlan:
   memory: MemoryStats | None = None
   compiled: bool = False
   collective_memory_bytes: int = 0  # bytes of values marked for symmetric memory (unpacked)
+  copies: tuple = ()  # the copies XLA added (`_copies.CopyRecord`), once compiled
+  copy_threshold: int = 65536  # the smallest copy `copies` reports, in bytes
 
   @property
   def bytes_requested(self) -> int:
@@ -272,6 +275,7 @@ class DonationPlan:
                  f"reused {_bytes(self.bytes_reused)}")
     if self.memory is not None:
       lines += _wrap([f"compiled: {_memory_text(self.memory)}"])
+    lines += _wrap(_copies.format_copies(self.copies, self.copy_threshold), indent="      ")
     return "\n".join(lines)
 
   __repr__ = __str__
@@ -293,7 +297,7 @@ class DonationPlan:
       foot += f"; compiled: {_memory_text(self.memory)}"
     foot += "</p>" + "".join(f"<p>note: {esc(n)}</p>" for n in self.notes)
     return (f"<div><b>DonationPlan for {esc(self.function)}</b><table>"
-            f"<tr>{head}</tr>{body}</table>{foot}</div>")
+            f"<tr>{head}</tr>{body}</table>{foot}{_copies.copies_html(self.copies)}</div>")
 
 
 NOT_A_DEVICE_BUFFER = "not donated: not a device buffer"

@@ -181,6 +181,27 @@ class Compiled(_Stage):
   def as_text(self):
     return self._jax.as_text()
 
+  def copies(self, threshold: int | None = None) -> tuple:
+    """The copies XLA inserted of at least `threshold` bytes (default: the function's
+    `copy_threshold`), one `CopyRecord` each: size, how often it runs (which loop, its trip
+    count), the input leaf or loop carry it copies, the lines that force it, why, and a fix.
+
+    >>> import jax, jax.numpy as jnp, donate
+    >>> def f(buf, xs):
+    ...   def body(c, x):
+    ...     old = c[0]              # read before the in-place update: XLA must copy c
+    ...     c = c.at[0].set(x)
+    ...     return c, old + c[1]
+    ...   return jax.lax.scan(body, buf, xs)
+    >>> compiled = donate.jit(f, donate_argnums=0).lower(jnp.zeros(2**16), jnp.ones(4)).compile()
+    >>> [(r.nbytes, r.count, r.input_path) for r in compiled.copies()][:1]
+    [(262144, 4, 'buf')]
+    """
+    if threshold is None or threshold == self._plan.copy_threshold:
+      return self._plan.copies
+    from donate import _jit  # noqa: PLC0415 - _jit imports this module
+    return _jit._copies_of(self._prep, self._jax, threshold)
+
   def cost_analysis(self):
     return self._jax.cost_analysis()
 

@@ -244,3 +244,34 @@ def test_h100_compile_reports_the_same_copies():
                                jaxpr=jax.make_jaxpr(read_then_update)(jnp.zeros(N), XS))
   on_cpu, _ = _compile(read_then_update, jnp.zeros(N), XS)
   assert on_gpu and sorted(map(key, on_gpu), key=str) == sorted(map(key, on_cpu), key=str)
+
+
+# ---- through donate.jit: Compiled.copies(), the plan's section, strict="copies" ---------------
+
+def test_donate_jit_reports_the_copies_in_the_plan_and_compiled():
+  import donate
+  g = donate.jit(read_then_update, donate_argnums=0)
+  compiled = g.lower(jnp.zeros(N), XS).compile()
+  records = compiled.copies()
+  assert records and all(r.input_path == "buf" and r.count == 8 for r in records)
+  assert compiled.plan.copies == records
+  text = str(compiled.plan)
+  assert "copies XLA added (2 of at least 64.0 KiB" in text
+  assert _line("READ") in text and max(map(len, text.splitlines())) <= 100
+  assert "copies XLA added" in compiled.plan._repr_html_()
+  assert compiled.copies(threshold=10 * N) == ()  # nothing that large
+  clean = donate.jit(update_then_read, donate_argnums=0).plan(jnp.zeros(N), XS)
+  assert clean.copies == () and "copies XLA added" not in str(clean)
+
+
+def test_strict_copies_raises_before_anything_is_consumed():
+  import donate
+  buf = jnp.zeros(N)
+  with pytest.raises(donate.DonationError, match=r"XLA copies a loop carry \(4.0 MiB, 8x per "
+                     r"call: each iteration of scan at .*\) at buf .*expected no copy"):
+    donate.jit(read_then_update, donate_argnums=0, strict="copies")(buf, XS)
+  assert not buf.is_deleted()
+  out = donate.jit(update_then_read, donate_argnums=0, strict=("unusable", "copies"))(buf, XS)
+  assert buf.is_deleted() and out[0].shape == (N,)
+  with pytest.raises(donate.DonationError, match="unknown strict mode"):
+    donate.jit(update_then_read, strict="always")

@@ -106,6 +106,14 @@ def shardings_differ():
   donate.jit(lambda a: a + 1, donate_argnums=0, out_shardings=row, strict=True)(x)
 
 
+def carry_read_after_update(buf, xs):
+  def body(c, x):
+    old = c[0]
+    c = c.at[0].set(x)
+    return c, old + c[1]
+  return lax.scan(body, buf, xs)
+
+
 def into_sharding_differs():
   m = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
   row = jax.sharding.NamedSharding(m, jax.P("i"))
@@ -184,6 +192,9 @@ TRIGGERS = {
     "strict-not-made": lambda: donate.jit(lambda x: x.astype(jnp.bfloat16), donate_argnums=0,
                                           strict=True)(arr(4)),
     "compiled-structure": compiled_structure_mismatch,
+    "strict-copies": lambda: donate.jit(carry_read_after_update, donate_argnums=0,
+                                        strict="copies")(jnp.zeros(2**16), jnp.ones(4)),
+    "strict-mode-unknown": lambda: donate.jit(lambda x: x, strict="always"),
     # annotations
     "alias-type-mismatch": lambda: donate.jit(lambda a, b: donate.alias(a, b))(arr(), arr(4)),
     "alias-two-inputs": lambda: donate.jit(lambda a, b: donate.alias(a, b))(arr(), arr()),

@@ -1,7 +1,6 @@
 """Notebook material: a KV-cache decode loop with and without the copy XLA inserts.
 
-`CELLS` is in the (kind, source) form of `nb2.py`, ready to be appended to notebook 02 once
-`Compiled.copies()` exists (then `find_copies(...)` becomes `compiled.copies()`). Run standalone
+`CELLS` is in the (kind, source) form of `nb2.py`, which appends it to notebook 02. Run standalone
 to print the same report and measurements from one run:
 
   PYTHONPATH=. python notebooks/generate/copies_demo.py
@@ -26,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from donate import _copies
+import donate
 
 T, D, STEPS = 4096, 1024, 64  # a 16 MiB float32 cache for keys and one for values
 
@@ -61,12 +60,10 @@ def fresh():
 
 COMPILED, REPORTS = {}, {}
 for fn in (decode_copying, decode_fixed):
-  COMPILED[fn.__name__] = jax.jit(fn, donate_argnums=(0, 1)).lower(*fresh()).compile()
-  REPORTS[fn.__name__] = _copies.find_copies(
-      COMPILED[fn.__name__].as_text(), in_paths=["cache_k", "cache_v", "q"],
-      jaxpr=jax.make_jaxpr(fn)(*fresh()))
-print("\n".join(_copies.format_copies(REPORTS["decode_copying"])))
-print("decode_fixed:", _copies.format_copies(REPORTS["decode_fixed"]) or "no copy of 64 KiB or more")
+  COMPILED[fn.__name__] = donate.jit(fn, donate_argnums=(0, 1)).lower(*fresh()).compile()
+  REPORTS[fn.__name__] = COMPILED[fn.__name__].copies()
+print(COMPILED["decode_copying"].plan)
+print("\ndecode_fixed:", REPORTS["decode_fixed"] or "no copy of 64 KiB or more")
 """),
 ("md", r"""
 The report names the cache (`cache_k`, the scan carry), how often the copy runs (every iteration of the

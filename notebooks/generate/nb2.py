@@ -233,4 +233,6 @@ FIGURES["max_diff"] = diff
 """),
 ]
 
-build("02_training_loop.ipynb", cells)
+from copies_demo import CELLS as COPY_CELLS  # noqa: E402  (the KV-cache decode loop)
+
+build("02_training_loop.ipynb", cells + COPY_CELLS)
