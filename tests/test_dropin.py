@@ -333,3 +333,97 @@ def test_plan_table_has_a_sharding_column_and_fits_100_columns():
   text = str(g.plan(params, fresh()))
   assert "P('x')" in text and "cpu:0" in text
   assert max(map(len, text.splitlines())) <= 100
+
+
+# ---- the behaviours JAX's own donation tests check (api_test.py, pjit_test.py) ---------------
+
+@JITS
+@pytest.mark.parametrize("how", [dict(donate_argnums=(2, 3)), dict(donate_argnames=("c", "d"))])
+def test_donation_with_static_arguments_before_it(jit, how):
+  f = jit(lambda a, b, c, d: (a + b + c, a + b + d), static_argnums=(0, 1), **how)
+  c, d = fresh(2, 2.0), fresh(4, 1.0)
+  e, g = f(1, 2, c, d)
+  assert c.is_deleted() and d.is_deleted()
+  np.testing.assert_array_equal(e, np.full(2, 5.0))
+  np.testing.assert_array_equal(g, np.full(4, 4.0))
+
+
+@JITS
+def test_donate_argnames_with_keyword_call_and_static_argnums(jit):
+  f = jit(lambda a, b, c, d, e: (a + b + c, a + b + d, a + b + e), static_argnums=(0, 1),
+          donate_argnames=("d", "e"))
+  c, d, e = fresh(2, 2.0), fresh(4, 1.0), fresh(4, 3.0)
+  f(1, 2, c, d=d, e=e)
+  assert not c.is_deleted() and d.is_deleted() and e.is_deleted()
+
+
+@JITS
+def test_a_weakly_typed_donated_input_is_consumed(jit):
+  x = jnp.broadcast_to(2, (3,))  # weak type in, strong type out
+  jit(lambda x: x.astype(int), donate_argnums=0)(x)
+  assert x.is_deleted()
+
+
+@JITS
+def test_donate_argnums_and_argnames_together(jit):
+  f = jit(lambda a, b, c: (a * 2, b * 2, c * 2), donate_argnums=0, donate_argnames=("b", "c"))
+  x, y, z = (jnp.ones((2, 5)) * k for k in (4, 2, 1))
+  f(x, b=y, c=z)
+  assert x.is_deleted() and y.is_deleted() and z.is_deleted()
+
+
+@JITS
+@pytest.mark.parametrize("how", [dict(donate_argnames=("z", "y")), dict(donate_argnums=(0, 1))])
+def test_args_info_says_which_python_scalars_are_donated(jit, how):
+  f = jit(lambda z, y, x: (z, y, x), **how)
+  args_info, kwargs_info = f.lower({"c": 3.0}, y={"b": 2.0}, x={"a": 1.0}).args_info
+  assert args_info[0]["c"].donated and kwargs_info["y"]["b"].donated
+  assert not kwargs_info["x"]["a"].donated
+
+
+@JITS
+def test_nested_jax_jit_donation_is_ignored(jit):
+  a = jax.device_put(jnp.array(1))
+  out = jit(lambda x: jax.jit(lambda y: y ** 2, donate_argnums=0)(x))(a)
+  assert not a.is_deleted() and int(out) == 1
+
+
+@JITS
+def test_sharded_donation_with_names_kwargs_and_inferred_output_shardings(jit):
+  mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:2])
+  s, rs = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
+  tree = lambda n, k: jax.device_put({"a": {"b": np.ones((2, n)) * k}, "c": np.ones((2, n)) * k}, s)
+  f = jit(lambda a, b, c: jax.tree.map(lambda x, y, z: x + y + z, a, b, c), out_shardings=s,
+          donate_argnames="b")
+  x, y, z = tree(5, 4), tree(5, 2), tree(5, 1)
+  out = f(x, b=y, c=z)
+  jax.tree.map(lambda o: np.testing.assert_array_equal(o, np.full((2, 5), 7.0)), out)
+  assert [l.is_deleted() for l in jax.tree.leaves((x, y, z))] == [False] * 2 + [True] * 2 + [
+      False] * 2
+  g = jit(lambda p, q, r: (jax.lax.with_sharding_constraint(p, rs), p,
+                           jax.lax.with_sharding_constraint(q, rs), q,
+                           jax.lax.with_sharding_constraint(r, rs), r),
+          donate_argnames=("q", "r"))
+  x, y, z = tree(5, 4), tree(7, 2), tree(11, 1)
+  g(x, y, z)
+  assert not any(l.is_deleted() for l in jax.tree.leaves(x))
+  assert all(l.is_deleted() for l in jax.tree.leaves((y, z)))
+
+
+@JITS
+def test_a_sharded_donated_input_nothing_can_reuse_stays_alive_silently(jit):
+  mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:2])
+  x = jax.device_put(np.arange(16).reshape(8, 2), NamedSharding(mesh, P("x")))
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # jax.jit gives no warning here: XLA decides, and declines
+    jit(lambda x: x @ x.T, donate_argnames="x")(x)
+  assert not x.is_deleted()
+
+
+@JITS
+def test_lowered_and_compiled_report_the_donated_argnums(jit):
+  f = jit(lambda *args: args[0] + 4.0, donate_argnums=(0,))
+  lowered = f.lower(1.0, 1.0)
+  assert lowered.donate_argnums == lowered.compile().donate_argnums == (0,)
