@@ -55,3 +55,13 @@ def dce_to_inputs(jaxpr, keep: list[int]):
   # Some kept inputs are unread (keep_unused): rebuild the invars list in `keep` order.
   full, _ = _pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
   return full.replace(invars=[full.invars[i] for i in keep])
+
+
+# Whether JAX has started a backend, i.e. whether XLA has read XLA_FLAGS already: no public API
+# answers without starting one (`jax.extend.backend.backends()` initialises them).
+from jax._src import xla_bridge as _xla_bridge
+
+
+def backends_are_initialized() -> bool:
+  """True once JAX has started a backend (XLA_FLAGS changes are then ignored)."""
+  return bool(_xla_bridge.backends_are_initialized())
