@@ -72,6 +72,7 @@ class Instr:
   collectives_mode: str
   metadata_op: str
   root: bool
+  parameter_number: int | None = None
 
   @property
   def memory_spaces(self) -> tuple[int, ...]:
@@ -100,6 +101,15 @@ class Module:
 
   def root(self, computation: str) -> Instr | None:
     return next((i for i in self.computations.get(computation, {}).values() if i.root), None)
+
+  def computation_of(self, name: str) -> str | None:
+    return next((c for c, instrs in self.computations.items() if name in instrs), None)
+
+  def find(self, name: str, computation: str | None = None) -> Instr | None:
+    if computation is not None and name in self.computations.get(computation, {}):
+      return self.computations[computation][name]
+    comp = self.computation_of(name)
+    return self.computations[comp][name] if comp is not None else None
 
 
 def _split_top(text: str, open_ch: str, close_ch: str) -> tuple[str, str]:
@@ -144,10 +154,11 @@ def _instr(root: bool, name: str, body: str) -> Instr:
   index = re.search(r"\bindex=(\d+)", attrs)
   mode = _MODE.search(attrs)
   op_name = re.search(r'op_name="([^"]*)"', attrs)
+  number = int(operands) if opcode == "parameter" and operands.strip().isdigit() else None
   return Instr(name, opcode, _leaves(shape), tuple_shape, tuple(re.findall(r"%([\w.\-]+)",
                operands)), tuple(calls), int(index.group(1)) if index else None,
                _frontend(attrs), mode.group(1) if mode else "", op_name.group(1) if op_name
-               else "", root)
+               else "", root, number)
 
 
 def parse_module(text: str) -> Module:

@@ -95,35 +95,45 @@ class PlacementReport:
     return "\n".join(lines)
 
 
-def _marked(module, name: str, index: int | None = None, depth: int = 0) -> bool:
-  """True if the value ``name`` (tuple element ``index``) comes from an annotated op."""
-  ins = _find(module, name)
-  if ins is None or depth > 64:
+def _marked(module, name: str, index: int | None = None, comp: str | None = None,
+            fusions: tuple = (), depth: int = 0) -> bool:
+  """True if the value ``name`` (tuple element ``index``) comes from an annotated op.
+
+  Follows views, copies, tuples and concatenates (XLA's all-reduce combiner concatenates the
+  operands it merges) back through fusions: into a fusion's root, and from a fused parameter out
+  to the fusion's operand.
+  """
+  ins = module.find(name, comp)
+  if ins is None or depth > 200:
     return False
+  comp = module.computation_of(name) if comp is None or name not in module.computations.get(
+      comp, {}) else comp
   if "donate.symmetric" in ins.frontend and (index is None or _result_marked(ins, index)):
     return True
+  follow = lambda n, i=None, c=comp, f=fusions: _marked(module, n, i, c, f, depth + 1)
+  if ins.opcode == "parameter" and fusions and ins.parameter_number is not None:
+    outer, outer_comp = fusions[-1]
+    if ins.parameter_number < len(outer.operands):
+      return follow(outer.operands[ins.parameter_number], None, outer_comp, fusions[:-1])
+    return False
   if ins.opcode == "get-tuple-element" and ins.operands:
-    return _marked(module, ins.operands[0], ins.index, depth + 1)
+    return follow(ins.operands[0], ins.index)
   if ins.opcode == "tuple" and index is not None and index < len(ins.operands):
-    return _marked(module, ins.operands[index], None, depth + 1)
+    return follow(ins.operands[index])
+  if ins.opcode == "concatenate" or (ins.opcode == "tuple" and index is None):
+    return any(follow(op) for op in ins.operands)
   if ins.opcode in _THROUGH and ins.operands:
-    return _marked(module, ins.operands[0], index, depth + 1)
+    return follow(ins.operands[0], index)
   if ins.opcode == "fusion" and ins.calls:
     root = module.root(ins.calls[0])
-    return root is not None and _marked(module, root.name, index, depth + 1)
+    return root is not None and follow(root.name, index, ins.calls[0],
+                                       fusions + ((ins, comp),))
   return False
 
 
 def _result_marked(ins, index: int) -> bool:
   results = ins.frontend.get("donate.results", "")
   return not results or str(index) in results.replace(";", ",").split(",")
-
-
-def _find(module, name):
-  for comp in module.computations.values():
-    if name in comp:
-      return comp[name]
-  return None
 
 
 def collectives(module) -> tuple[CollectiveUse, ...]:
@@ -133,14 +143,14 @@ def collectives(module) -> tuple[CollectiveUse, ...]:
     kind = ins.collective_kind
     if kind is None or not ins.operands:
       continue
-    operand = _find(module, ins.operands[0])
+    operand = module.find(ins.operands[0])
     leaf = operand.leaves[0] if operand is not None and operand.leaves else None
     space = leaf.memory_space if leaf is not None else 0
     out.append(CollectiveUse(
         ins.name, kind, 0 if space == _hlo_text.HOST_MEMORY_SPACE else space,
         any(_marked(module, op) for op in ins.operands), leaf.dtype if leaf else "",
-        sum(_find(module, op).leaves[0].nbytes for op in ins.operands
-            if _find(module, op) is not None and _find(module, op).leaves), ins.collectives_mode,
+        sum(module.find(op).leaves[0].nbytes for op in ins.operands
+            if module.find(op) is not None and module.find(op).leaves), ins.collectives_mode,
         ins.metadata_op))
   return tuple(out)
 
@@ -179,10 +189,13 @@ def _value_label(buf) -> str:
 
 
 def _match(buf, uses, taken) -> CollectiveUse | None:
+  """The compiled collective that reads ``buf``: same kind, annotated operand; an untaken one of
+  the same dtype and size first, else any (XLA's combiner merges several into one)."""
   kinds = {KIND_OF_PRIMITIVE.get(c) for c in getattr(buf, "collectives", ())}
   dtype = _DTYPES.get(str(getattr(buf, "dtype", "")), str(getattr(buf, "dtype", "")))
-  ranked = [u for u in uses if u.annotated and u.instruction not in taken and u.kind in kinds]
-  exact = [u for u in ranked if u.dtype == dtype and u.nbytes == getattr(buf, "nbytes", -1)]
+  ranked = [u for u in uses if u.annotated and u.kind in kinds]
+  exact = [u for u in ranked if u.instruction not in taken and u.dtype == dtype
+           and u.nbytes == getattr(buf, "nbytes", -1)]
   return (exact or ranked or [None])[0]
 
 

@@ -62,6 +62,8 @@ from donate._symm_place import compile_options_for as compile_options_for
 from donate._symm_place import configure as _configure
 from donate._symm_place import placement_policy as placement_policy
 from donate._symm_place import target_platform as target_platform
+from donate._symm_aot import PlacementCheck as PlacementCheck
+from donate._symm_aot import check_placement as check_placement
 from donate._symm_report import Placement as Placement
 from donate._symm_report import PlacementReport as PlacementReport
 from donate._symm_report import placement_report as placement_report
@@ -73,9 +75,9 @@ from donate._symm_size import xla_collective_memory as xla_collective_memory
 from donate._symm_size import xla_dump_options as xla_dump_options
 
 __all__ = [
-    "COLLECTIVE_MEMORY_SPACE", "CommBuffer", "Placement", "PlacementPolicy", "PlacementReport",
+    "COLLECTIVE_MEMORY_SPACE", "CommBuffer", "Placement", "PlacementCheck", "PlacementPolicy", "PlacementReport",
     "Requirement", "SizingRow", "SymmetricMemoryWarning", "XlaCollectiveMemory",
-    "clear_requirements", "collective_allocation", "collective_memory_bytes",
+    "check_placement", "clear_requirements", "collective_allocation", "collective_memory_bytes",
     "collective_memory_env", "collective_memory_mb", "comm_buffer_report", "comm_buffers",
     "compile_options_for", "configure", "gpu_compile_options", "mark_required",
     "placement_policy", "placement_report", "registered_requirements", "requires_symmetric",
