@@ -108,12 +108,25 @@ def process_spec() -> tuple[SpecEntry, ...]:
   return parse_spec(found[-1]) if found else ()
 
 
-def spec_supported() -> bool:
-  """True if the installed jaxlib's XLA knows the process-wide flag (jaxlib >= 0.12).
+def spec_supported(version: str | None = None) -> bool:
+  """True if jaxlib ``version`` (default: installed)'s XLA knows the process-wide flag (>= 0.12).
 
   Checked: jaxlib 0.12.0.1 knows it; jaxlib 0.10.2 aborts the process at start-up on it.
+
+  >>> spec_supported("0.10.2"), spec_supported("0.12.0.1")
+  (False, True)
   """
-  return tuple(int(p) for p in jaxlib.__version__.split(".")[:2]) >= (0, 12)
+  version = jaxlib.__version__ if version is None else version
+  return tuple(int(p) for p in version.split(".")[:2]) >= (0, 12)
+
+
+def require_spec_support(version: str) -> None:
+  """Raises if jaxlib ``version`` has no process-wide per-collective flag."""
+  if not spec_supported(version):
+    raise DonationError(message(
+        f"jaxlib {version} has no per-collective collective-memory flag",
+        expected=f"jaxlib >= 0.12 for {FLAG}", got=version,
+        fix="upgrade jax/jaxlib, or let the compile options place every collective (user buffers)"))
 
 
 def configure(*collectives: str) -> tuple[SpecEntry, ...]:
@@ -123,18 +136,14 @@ def configure(*collectives: str) -> tuple[SpecEntry, ...]:
   ``donate.symm.configure`` for the user-facing description.
   """
   entries = parse_spec(",".join(collectives))
-  if not spec_supported():
-    raise DonationError(message(
-        f"jaxlib {jaxlib.__version__} has no per-collective collective-memory flag",
-        expected=f"jaxlib >= 0.12 for {FLAG}", got=jaxlib.__version__,
-        fix="upgrade jax/jaxlib, or let donate.jit place every collective (user buffers)"))
   if _jax_private.backends_are_initialized():
     raise DonationError(message(
         "donate.symm.configure came too late: JAX has started its backends, and XLA has read "
         "XLA_FLAGS already (a later change is silently ignored)",
         expected="a call before the first array or jit", got="initialised backends",
-        fix="call donate.symm.configure(...) right after `import donate`, or set "
+        fix="call donate.symm.configure(...) right after import donate, or set "
         f"XLA_FLAGS={FLAG}={','.join(map(str, entries))} in the environment"))
+  require_spec_support(jaxlib.__version__)
   flags = re.sub(FLAG + r"=\S+", "", os.environ.get("XLA_FLAGS", "")).split()
   if entries:
     flags.append(f"{FLAG}={','.join(map(str, entries))}")

@@ -15,6 +15,7 @@ import warnings
 
 from donate import _hlo_text
 from donate._errors import DonationError
+from donate._errors import message
 from donate._symm_place import KIND_OF_PRIMITIVE
 from donate._symm_place import MODE_OPTIONS
 from donate._symm_place import SYMMETRIC
@@ -78,8 +79,11 @@ class PlacementReport:
   def check(self, *, strict: bool = False) -> PlacementReport:
     """Warns (``SymmetricMemoryWarning``) or, if ``strict``, raises for each missing placement."""
     if self.missing and strict:
-      raise DonationError("donate: requested symmetric placement did not happen: "
-                          + "; ".join(str(r) for r in self.missing))
+      raise DonationError(message(
+          "requested symmetric placement did not happen", expected="every annotated value in "
+          "collective memory", got="; ".join(str(r) for r in self.missing),
+          fix="compile with donate.symm.compile_options_for(...) (or donate.symm.configure "
+          "before JAX starts), or pass strict=False to get a warning"))
     for r in self.missing:
       warnings.warn(f"donate: requested symmetric placement did not happen: {r}",
                     SymmetricMemoryWarning, stacklevel=2)

@@ -89,8 +89,8 @@ def available() -> bool:
   return _plugin_version() == jaxlib.__version__
 
 
-def _check_plugin() -> None:
-  version = _plugin_version()
+def _check_plugin(version: str | None) -> None:
+  """Raises unless ``version`` (the installed plugin's, or None) is the jaxlib version."""
   if version == jaxlib.__version__:
     return
   got = "not installed" if version is None else f"{_PLUGIN} {version}"
@@ -130,16 +130,20 @@ def gpu_topology(name: str, num_devices: int = 8):
     raise DonationError(message("gpu_topology needs a device count", expected="a positive int",
                                 got=repr(num_devices)))
   topology = _topology_string(num_devices)
-  _check_plugin()
+  _check_plugin(_plugin_version())
   try:
     return topologies.get_topology_desc(spec.name, "cuda", target_config=spec.text(),
                                         topology=topology)
   except NotImplementedError as e:  # the plugin found no CUDA libraries and did not register
-    raise DonationError(message(
-        "the CUDA plugin is installed but did not register with JAX (without jax_platforms it "
-        "checks for CUDA libraries, and this machine has none)", got=str(e),
-        fix='call jax.config.update("jax_platforms", "cpu") (or set JAX_PLATFORMS=cpu) before '
-        "JAX starts its backends; compile-only GPU targets work with it")) from None
+    _raise_unregistered(e)
+
+
+def _raise_unregistered(error: Exception):
+  raise DonationError(message(
+      "the CUDA plugin is installed but did not register with JAX (without jax_platforms it "
+      "checks for CUDA libraries, and this machine has none)", got=str(error),
+      fix='call jax.config.update("jax_platforms", "cpu") (or set JAX_PLATFORMS=cpu) before '
+      "JAX starts its backends; compile-only GPU targets work with it")) from None
 
 
 def gpu_mesh(name: str, num_devices: int = 8, axis_names: Sequence[str] = ("x",), *,
@@ -172,6 +176,7 @@ def gpu_mesh(name: str, num_devices: int = 8, axis_names: Sequence[str] = ("x",)
   if shape is None or len(shape) != len(axis_names) or math.prod(shape) != num_devices:
     raise DonationError(message(
         "gpu_mesh needs one size per axis name, multiplying to the device count",
-        expected=f"{len(axis_names)} sizes with product {num_devices}", got=repr(shape)))
+        expected=f"{len(axis_names)} sizes with product {num_devices}",
+        got="no shape" if shape is None else repr(tuple(shape))))
   from jax.experimental import topologies
   return topologies.make_mesh(gpu_topology(name, num_devices), tuple(shape), axis_names)
