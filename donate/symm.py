@@ -8,9 +8,13 @@ Three ways to say "this value feeds a collective, give it symmetric memory":
 
 ``donate.jit`` then traces the function, calls ``mark_required`` (registered collectives and
 contexts become explicit marks), finds the buffers with ``comm_buffers`` (each mark traced back to
-the op that materialises the value), lowers with the marks visible in StableHLO, and on GPUs adds
-``gpu_compile_options``. Outside a trace every annotation returns its input untouched, so eager
-code behaves as without the library.
+the op that materialises the value) and lowers with the marks visible in StableHLO. On a GPU target
+(``target_platform``), ``compile_options_for`` gives the XLA options that place the annotated
+collectives in collective memory, ``placement_report`` reads from the compiled program where each
+annotated value landed, and ``xla_collective_memory`` sizes XLA's collective allocation;
+``check_placement`` runs all of it with plain ``jax.jit`` (see ``donate.targets`` for abstract
+H100/B200 meshes). Outside a trace every annotation returns its input untouched, so eager code
+behaves as without the library.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jax.sharding import Mesh, PartitionSpec as P
