@@ -199,7 +199,7 @@ plan
 
 `step.lower(...)` gives the StableHLO module `donate.jit` compiles. Each symmetric buffer's *producing
 operation* carries `mhlo.frontend_attributes` with `donate.symmetric`, the group, the source of the request
-and `donate.memory_space_color = "1"` (XLA's collective memory space). The custom op's two outputs are the
+and `donate.memory_space_color = "1"` (the collective memory space of jaxlib 0.10; the compiled programs below show `S(1)` or, on jaxlib 0.12, `S(7)`). The custom op's two outputs are the
 ops it lowers to (gelu's `multiply`, sigmoid's `divide`). The donated `x` is sharded, so the module marks it
 `jax.buffer_donor` and XLA makes the alias when it compiles (`donate.jit` checked that it did).
 """),
