@@ -1,6 +1,7 @@
 """donate: explicit buffer donation, aliasing, preallocated outputs and symmetric memory for JAX."""
 
 from donate import planner as planner
+from donate import targets as targets
 from donate._errors import DonationError as DonationError
 from donate._errors import UnusableDonationWarning as UnusableDonationWarning
 from donate._plan import DonationPlan as DonationPlan
@@ -27,5 +28,6 @@ __all__ = [
     "planner",
     "requires_symmetric",
     "symmetric_memory",
+    "targets",
     "with_symmetric",
 ]

@@ -117,3 +117,13 @@ from jax._src import util as _util
 def register_cache(cache, for_what: str) -> None:
   """Registers an object with `cache_clear()`, `cache_info()`, `cache_keys()` with JAX's caches."""
   _util.register_cache(cache, for_what)
+
+
+# Whether JAX has started a backend, i.e. whether XLA has read XLA_FLAGS already: no public API
+# answers without starting one (`jax.extend.backend.backends()` initialises them).
+from jax._src import xla_bridge as _xla_bridge
+
+
+def backends_are_initialized() -> bool:
+  """True once JAX has started a backend (XLA_FLAGS changes are then ignored)."""
+  return bool(_xla_bridge.backends_are_initialized())

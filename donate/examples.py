@@ -3,7 +3,10 @@
 * a two-layer MLP trained with gradient accumulation over micro-batches (`lax.scan`), then an
   SGD-with-momentum-free update and fresh zeroed accumulators, written two ways: plain (donate
   with `donate_argnums`) and with `donate.donate_buffer` inside the scan body only;
-* a `[T, ...]` output filled slice by slice (`lax.fori_loop` and `lax.map`).
+* a `[T, ...]` output filled slice by slice (`lax.fori_loop` and `lax.map`);
+* a transformer block's training step, data + tensor (sequence) parallel, with `psum`,
+  `all_gather`, `psum_scatter` and `ppermute` under `shard_map`, a jitted NamedSharding update,
+  and `with_symmetric` on the gradient reduction (`block_train_step`).
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from donate._primitives import donate_buffer
+from donate.symm import with_symmetric
 
 
 def mlp_init(key, width: int = 512, depth_in: int = 512, out: int = 512):
@@ -133,3 +139,138 @@ def micro_batches(key, micro: int = 4, batch: int = 32, width: int = 512, out: i
   kx, ky = jax.random.split(key)
   return (jax.random.normal(kx, (micro, batch, width), jnp.float32),
           jax.random.normal(ky, (micro, batch, out), jnp.float32))
+
+
+# ---- a transformer block's training step, data + tensor (sequence) parallel ------------------------
+# Mesh axes "dp" (data) and "tp" (tensor). Inside `shard_map`: activations are split over the
+# sequence on "tp" (sequence parallelism); all_gather rebuilds the full sequence before each
+# column-parallel matmul, psum_scatter sums the row-parallel partial products back into sequence
+# shards, ppermute passes each shard's last token to the next shard (token shift). The gradient
+# reduction over "dp" is an explicit psum annotated with `with_symmetric`. Outside `shard_map`, the
+# jitted step clips by the global gradient norm and applies momentum SGD on NamedSharding-ed
+# arrays, so XLA's partitioner inserts its own (un-annotated) all-reduces there.
+
+BLOCK_SPECS = {"ln1": P(), "ln2": P(), "wq": P(None, "tp"), "wk": P(None, "tp"),
+               "wv": P(None, "tp"), "wo": P("tp", None), "w1": P(None, "tp"), "w2": P("tp", None)}
+"""How each parameter of the block is split: column-parallel on "tp", row-parallel on "tp"."""
+
+DATA_SPEC = P("dp", "tp", None)
+"""Activations [batch, sequence, model]: batch over "dp", sequence over "tp"."""
+
+
+def block_shapes(d_model: int = 256, d_ff: int = 1024) -> dict:
+  """Global parameter shapes of the block.
+
+  >>> block_shapes(8, 16)["w1"]
+  (8, 16)
+  """
+  d = d_model
+  return {"ln1": (d,), "ln2": (d,), "wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d),
+          "w1": (d, d_ff), "w2": (d_ff, d)}
+
+
+def block_init(key, d_model: int = 256, d_ff: int = 1024) -> dict:
+  """Parameters of the block (float32), scaled so activations stay of order one.
+
+  >>> sorted(block_init(jax.random.key(0), 8, 16))
+  ['ln1', 'ln2', 'w1', 'w2', 'wk', 'wo', 'wq', 'wv']
+  """
+  shapes = block_shapes(d_model, d_ff)
+  keys = dict(zip(shapes, jax.random.split(key, len(shapes))))
+  return {k: (jnp.ones(s, jnp.float32) if len(s) == 1 else
+              jax.random.normal(keys[k], s, jnp.float32) / jnp.sqrt(s[0])) for k, s in shapes.items()}
+
+
+def _norm(x, scale):
+  return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def _attention(q, k, v, heads: int):
+  b, s, d = q.shape
+  split = lambda t: t.reshape(b, s, heads, d // heads)
+  w = jnp.einsum("bqhd,bkhd->bhqk", split(q), split(k)) / jnp.sqrt(d // heads)
+  return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(w, axis=-1), split(v)).reshape(b, s, d)
+
+
+def _shift(x, prev_last):
+  """Token shift: each position sees the previous token (the first one sees `prev_last`)."""
+  return jnp.concatenate([prev_last, x[:, :-1]], axis=1)
+
+
+def block_forward_reference(params, x, heads: int = 8):
+  """The block on whole (unsharded) arrays: the numbers the sharded step must reproduce."""
+  h = _norm(x, params["ln1"])
+  x = x + _attention(h @ params["wq"], h @ params["wk"], h @ params["wv"], heads) @ params["wo"]
+  h = _norm(_shift(x, jnp.zeros_like(x[:, :1])), params["ln2"])
+  return x + jax.nn.gelu(h @ params["w1"]) @ params["w2"]
+
+
+def _local_block(params, x, heads: int, tp: int):
+  """The block on one device's blocks: x is [b, s / tp, d], weights are "tp" slices."""
+  gather = lambda t: lax.all_gather(t, "tp", axis=1, tiled=True)
+  scatter = lambda t: lax.psum_scatter(t, "tp", scatter_dimension=1, tiled=True)
+  h = gather(_norm(x, params["ln1"]))
+  q, k, v = (h @ params[w] for w in ("wq", "wk", "wv"))
+  x = x + scatter(_attention(q, k, v, heads // tp) @ params["wo"])
+  last = lax.ppermute(x[:, -1:], "tp", [(i, i + 1) for i in range(tp - 1)])
+  h = gather(_norm(_shift(x, last), params["ln2"]))
+  return x + scatter(jax.nn.gelu(h @ params["w1"]) @ params["w2"])
+
+
+def block_loss_reference(params, x, y, heads: int = 8):
+  """Mean squared error of the block's output against `y`, on whole arrays."""
+  return jnp.mean((block_forward_reference(params, x, heads) - y) ** 2)
+
+
+def block_grads(mesh, heads: int = 8, *, annotate: bool = True):
+  """`shard_map`-ped loss and gradients over `mesh` ("dp", "tp"); the dp reduction is annotated.
+
+  Returns a function `(params, x, y) -> (grads, loss)` on global arrays.
+  """
+  dp, tp = mesh.shape["dp"], mesh.shape["tp"]
+
+  def local(params, x, y):
+    count = x.size * dp * tp  # global element count: the local losses sum to the global mean
+
+    def loss(p):
+      return jnp.sum((_local_block(p, x, heads, tp) - y) ** 2) / count
+
+    varying = jax.tree.map(lambda a: lax.pcast(a, "dp", to="varying"), params)
+    value, grads = jax.value_and_grad(loss)(varying)
+    if annotate:
+      grads = with_symmetric(grads, "dp")
+    grads = jax.tree.map(lambda g: lax.psum(g, "dp"), grads)
+    return grads, lax.psum(value, ("dp", "tp"))
+
+  return jax.shard_map(local, mesh=mesh, in_specs=(BLOCK_SPECS, DATA_SPEC, DATA_SPEC),
+                       out_specs=(BLOCK_SPECS, P()))
+
+
+def block_train_step(mesh, heads: int = 8, *, lr: float = 0.05, beta: float = 0.9,
+                     clip: float = 1.0, annotate: bool = True):
+  """One training step: `(params, momentum, x, y) -> (params, momentum, loss)`.
+
+  Gradients come from `block_grads` (shard_map); clipping by the global norm and the momentum
+  update are plain jitted array code on NamedSharding-ed arrays. Donate `params` and `momentum`
+  (arguments 0 and 1): every output but the loss can reuse their buffers.
+  """
+  grads_fn = block_grads(mesh, heads, annotate=annotate)
+
+  def step(params, momentum, x, y):
+    grads, loss = grads_fn(params, x, y)
+    norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
+    scale = jnp.minimum(1.0, clip / (norm + 1e-6))
+    momentum = jax.tree.map(lambda m, g: beta * m + scale * g, momentum, grads)
+    params = jax.tree.map(lambda p, m: p - lr * m, params, momentum)
+    return params, momentum, loss
+
+  return step
+
+
+def block_abstract_args(mesh, batch: int = 16, seq: int = 256, d_model: int = 256,
+                        d_ff: int = 1024) -> tuple:
+  """`jax.ShapeDtypeStruct`s (params, momentum, x, y) sharded on `mesh`, for ahead-of-time use."""
+  spec = lambda s, p: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p))
+  params = {k: spec(s, BLOCK_SPECS[k]) for k, s in block_shapes(d_model, d_ff).items()}
+  data = spec((batch, seq, d_model), DATA_SPEC)
+  return params, dict(params), data, data

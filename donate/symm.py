@@ -8,9 +8,13 @@ Three ways to say "this value feeds a collective, give it symmetric memory":
 
 ``donate.jit`` then traces the function, calls ``mark_required`` (registered collectives and
 contexts become explicit marks), finds the buffers with ``comm_buffers`` (each mark traced back to
-the op that materialises the value), lowers with the marks visible in StableHLO, and on GPUs adds
-``gpu_compile_options``. Outside a trace every annotation returns its input untouched, so eager
-code behaves as without the library.
+the op that materialises the value) and lowers with the marks visible in StableHLO. On a GPU target
+(``target_platform``), ``compile_options_for`` gives the XLA options that place the annotated
+collectives in collective memory, ``placement_report`` reads from the compiled program where each
+annotated value landed, and ``xla_collective_memory`` sizes XLA's collective allocation;
+``check_placement`` runs all of it with plain ``jax.jit`` (see ``donate.targets`` for abstract
+H100/B200 meshes). Outside a trace every annotation returns its input untouched, so eager code
+behaves as without the library.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jax.sharding import Mesh, PartitionSpec as P
@@ -57,14 +61,66 @@ from donate._symm_registry import clear as _clear
 from donate._symm_registry import collective_primitive_names
 from donate._symm_registry import register
 from donate._symm_registry import requirements as _requirements
+from donate._symm_place import PlacementPolicy as PlacementPolicy
+from donate._symm_place import compile_options_for as compile_options_for
+from donate._symm_place import configure as _configure
+from donate._symm_place import placement_policy as placement_policy
+from donate._symm_place import target_platform as target_platform
+from donate._symm_aot import PlacementCheck as PlacementCheck
+from donate._symm_aot import check_placement as check_placement
+from donate._symm_report import Placement as Placement
+from donate._symm_report import PlacementReport as PlacementReport
+from donate._symm_report import placement_report as placement_report
+from donate._symm_size import SizingRow as SizingRow
+from donate._symm_size import XlaCollectiveMemory as XlaCollectiveMemory
+from donate._symm_size import collective_allocation as collective_allocation
+from donate._symm_size import sizing_table as sizing_table
+from donate._symm_size import xla_collective_memory as xla_collective_memory
+from donate._symm_size import xla_dump_options as xla_dump_options
 
 __all__ = [
-    "COLLECTIVE_MEMORY_SPACE", "CommBuffer", "Requirement", "SymmetricMemoryWarning",
-    "clear_requirements", "collective_memory_bytes", "collective_memory_env",
-    "collective_memory_mb", "comm_buffer_report", "comm_buffers", "gpu_compile_options",
-    "mark_required", "registered_requirements", "requires_symmetric", "symmetric_memory",
-    "symmetric_p", "with_symmetric",
+    "COLLECTIVE_MEMORY_SPACE", "CommBuffer", "Placement", "PlacementCheck", "PlacementPolicy", "PlacementReport",
+    "Requirement", "SizingRow", "SymmetricMemoryWarning", "XlaCollectiveMemory",
+    "check_placement", "clear_requirements", "collective_allocation", "collective_memory_bytes",
+    "collective_memory_env", "collective_memory_mb", "comm_buffer_report", "comm_buffers",
+    "compile_options_for", "configure", "gpu_compile_options", "mark_required",
+    "placement_policy", "placement_report", "registered_requirements", "requires_symmetric",
+    "sizing_table", "symmetric_memory", "symmetric_p", "target_platform", "with_symmetric",
+    "xla_collective_memory", "xla_dump_options",
 ]
+
+
+def configure(*collectives: str):
+  """Places matching collectives of every program in collective memory (process-wide, GPU).
+
+  XLA has per-compile options only for all-gather, collective-permute and ragged all-to-all
+  (``compile_options_for`` uses them); all-reduce, reduce-scatter and all-to-all are placed
+  selectively only by XLA's process-wide ``--xla_enable_nccl_symmetric_buffers_for_collectives``,
+  which XLA reads from ``XLA_FLAGS`` once, when JAX starts its first backend. ``configure`` sets
+  it. Call it right after ``import donate``, before any array or compile exists; every later
+  program's matching collectives, annotated or not, are placed (``placement_report`` says so).
+
+  Args:
+    *collectives: entries ``"Op[:max_bytes[:dtype]]"``, Op one of AllReduce, AllGather,
+      ReduceScatter, AllToAll, CollectivePermute, RaggedAllToAll (e.g. ``"AllReduce:8388608:F32"``:
+      float32 all-reduces of at most 8 MiB). No entries clears the setting.
+
+  Returns:
+    The parsed entries.
+
+  Raises:
+    DonationError: a bad entry; jaxlib < 0.12 (its XLA does not know the flag and would abort
+      the process); or the call came too late (JAX has started a backend, XLA_FLAGS was read).
+
+  >>> import donate, jax, jax.numpy as jnp
+  >>> _ = jnp.ones(2)  # a backend exists now, so XLA_FLAGS has been read
+  >>> try:
+  ...   configure("AllReduce:8388608:F32")
+  ... except donate.DonationError as e:
+  ...   print("too late" in str(e) or "jaxlib" in str(e))
+  True
+  """
+  return _configure(*collectives)
 
 
 def with_symmetric(x, axis_name, *, kind: str = "symm_mem"):

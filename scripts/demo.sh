@@ -7,4 +7,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q -e .
+# CPU is the demo's platform; with the gpu-aot/test extra installed, the CUDA plugin then does not
+# look for CUDA libraries (which would print a plugin error on machines without them).
+export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
 exec .venv/bin/python -m donate "$@"

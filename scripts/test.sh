@@ -12,4 +12,7 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e ".[test]"
 "$VENV/bin/python" -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
+# CPU is the only runtime here; the CUDA plugin (test extra, for compile-only H100/B200 targets)
+# then skips its search for CUDA libraries in every process: tests, notebook kernels, subprocesses.
+export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
 exec "$VENV/bin/python" -m pytest "$@"

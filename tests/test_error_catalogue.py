@@ -20,7 +20,7 @@ import pytest
 from jax import lax
 
 import donate
-from donate import _symm_prim, planner, symm
+from donate import _symm_place, _symm_prim, planner, symm, targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "errors.md")
@@ -175,6 +175,15 @@ def call_without_axis_name():
   in_shard_map(lambda x: wrapped(x, "i"))
 
 
+def placement_missing():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("i",))
+  f = jax.shard_map(lambda x: lax.psum(symm.with_symmetric(jnp.sin(x), "i"), "i"), mesh=mesh,
+                    in_specs=jax.P("i"), out_specs=jax.P())
+  x = jnp.ones((1, 4))
+  bufs = symm.comm_buffers(jax.make_jaxpr(f)(x))
+  symm.placement_report(jax.jit(f).lower(x).compile().as_text(), bufs).check(strict=True)
+
+
 TRIGGERS = {
     # donate.jit arguments
     "argnums-not-int": lambda: donate.jit(lambda a, b: a, donate_argnums="0"),
@@ -218,6 +227,18 @@ TRIGGERS = {
     "requires-bad-argnums": lambda: symm.requires_symmetric(lambda x, axis_name: x, argnums=-1),
     "requires-no-axis": call_without_axis_name,
     "collective-memory-item": lambda: symm.collective_memory_bytes(["x"]),
+    "configure-spec": lambda: symm.configure("Broadcast"),
+    "configure-too-late": lambda: (jnp.ones(1), symm.configure("AllReduce")),
+    "configure-old-jaxlib": lambda: _symm_place.require_spec_support("0.10.2"),
+    "placement-missing": placement_missing,
+    # GPU targets
+    "gpu-unknown": lambda: targets.gpu_mesh("a100", 8),
+    "gpu-count": lambda: targets.gpu_topology("h100", 0),
+    "gpu-hosts": lambda: targets.gpu_topology("h100", 12),
+    "gpu-mesh-shape": lambda: targets.gpu_mesh("h100", 8, ("dp", "tp")),
+    "gpu-plugin-missing": lambda: targets._check_plugin(None),
+    "gpu-plugin-unregistered": lambda: targets._raise_unregistered(
+        NotImplementedError("topology not implemented for cuda")),
     # the memory planner
     "planner-argnums": lambda: planner.plan_memory(lambda x: x * 2, jnp.ones(4), donate_argnums=3),
     "planner-alignment": lambda: planner.plan_memory(lambda x: x * 2, jnp.ones(4), alignment=0),

@@ -12,6 +12,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 NBDIR = os.path.join(REPO, "notebooks")
 
 
+_NOISE = ("cudart_stub.cc", "absl::InitializeLog()")
+
+
+def _plugin_noise(out):
+  if out.get("output_type") != "stream" or out.get("name") != "stderr":
+    return False
+  kept = [l for l in out["text"].splitlines(True) if not any(n in l for n in _NOISE)]
+  out["text"] = "".join(kept)
+  return not kept
+
+
 def build(name, cells):
   nb = nbformat.v4.new_notebook()
   nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
@@ -41,6 +52,9 @@ def build(name, cells):
           return m.group(0)
         return str(figures[key])
       cell.source = re.sub(r"<<(\w+)>>", sub, cell.source)
+  for cell in nb.cells:  # the CUDA plugin's start-up lines ("no CUDA drivers") are not results
+    if cell.cell_type == "code":
+      cell.outputs = [o for o in cell.outputs if not _plugin_noise(o)]
   for cell in nb.cells:
     for out in cell.get("outputs", []):
       if out.get("output_type") == "stream" and out.get("name") == "stderr":

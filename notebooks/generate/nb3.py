@@ -2,7 +2,7 @@ from common import build
 
 cells = [
 ("md", r"""
-# Collectives and symmetric memory on 8 virtual CPU devices
+# Collectives and symmetric memory: 8 virtual CPU devices, and H100/B200 programs compiled here
 
 On GPUs, collectives run faster from symmetric (registered) memory: buffers allocated by NCCL's allocator
 and registered on every rank, so the collective can read and write them directly. Nothing in JAX lets a user
@@ -15,8 +15,8 @@ marks the lowered module, and plans the buffers into one pool per (kind, group):
 * `with donate.symmetric_memory(axis_name):` everything produced inside, e.g. a custom op's outputs.
 
 This machine has no GPU. Everything below runs on 8 virtual CPU devices, where the annotations change
-no numbers and no memory; what they *would* change on a GPU is read from the lowered module and the
-compile options, at the end. **Nothing in this notebook was run on a GPU.**
+no numbers and no memory; what they change on a GPU is read, at the end, from real H100 and B200
+executables compiled here ahead of time. **Nothing in this notebook was run on a GPU.**
 
 The device count must be set before anything touches JAX's backend, so it comes first:
 """),
@@ -24,6 +24,7 @@ The device count must be set before anything touches JAX's backend, so it comes 
 import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_platforms", "cpu")  # the runtime here; GPU programs are compiled, not run
 
 import re
 
@@ -198,7 +199,7 @@ plan
 
 `step.lower(...)` gives the StableHLO module `donate.jit` compiles. Each symmetric buffer's *producing
 operation* carries `mhlo.frontend_attributes` with `donate.symmetric`, the group, the source of the request
-and `donate.memory_space_color = "1"` (XLA's collective memory space). The custom op's two outputs are the
+and `donate.memory_space_color = "1"` (the collective memory space of jaxlib 0.10; the compiled programs below show `S(1)` or, on jaxlib 0.12, `S(7)`). The custom op's two outputs are the
 ops it lowers to (gelu's `multiply`, sigmoid's `divide`). The donated `x` is sharded, so the module marks it
 `jax.buffer_donor` and XLA makes the alias when it compiles (`donate.jit` checked that it did).
 """),
@@ -247,46 +248,180 @@ print(memory_plan)
 ("code", r"""
 memory_plan.plot(width=9)
 """),
-("md", r"""
-## What would change on a GPU
-
-Nothing here ran on a GPU. What follows is read from the library and the compiled module, not measured.
-
-On a GPU platform `donate.jit` compiles programs that have symmetric buffers with two XLA options, which
-`symm.gpu_compile_options` returns; for CPU (and TPU) it returns none:
-"""),
-("code", r"""
-cuda = symm.gpu_compile_options("cuda", buffers)
-print("cuda:", cuda)
-print("rocm:", symm.gpu_compile_options("rocm", buffers))
-print("cpu: ", symm.gpu_compile_options("cpu", buffers))
-print("reserve (from the planned pool):", symm.collective_memory_env(memory_plan.collective_memory_bytes))
-# The option names are real XLA options: a CPU compile accepts them (and rejects unknown names).
-print("CPU compile with the CUDA options:", float(jax.jit(jnp.sin, compiler_options=cuda)(0.0)) == 0.0)
-"""),
-("md", r"""
-On a GPU:
-
-* `xla_gpu_enable_nccl_user_buffers` makes XLA's buffer assigner put buffers used by collectives in memory
-  space 1, allocated with `ncclMemAlloc` from the collective allocator and registered with NCCL, so the
-  collectives work on them in place (zero-copy);
-* `xla_gpu_experimental_enable_nccl_symmetric_buffers` (CUDA only) registers those buffers as NCCL symmetric
-  windows, which NCCL 2.27 and later use for its low-latency symmetric kernels;
-* the collective allocator must be sized before JAX starts its GPU client, with
-  `XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB`; the planned pool gives the number (here
-  <<pool_size>> bytes per device, rounded up to 1 MiB).
-
-What would *not* change: XLA colours buffers by its own rule (every buffer a collective uses), and no XLA
-pass reads the `donate.*` attributes; they record, in the module and in HLO dumps, which buffers were meant
-for memory space 1, which is what the planner sizes. On CPU the program compiled with and without the
-annotations is the same, and so are the results:
-"""),
 ("code", r"""
 reference = jax.jit(block_fn)(x, w)
 out = step(x, w)
 print("same as jax.jit:", bool(jnp.allclose(out, reference)), "| x donated:", x.is_deleted())
-symm.clear_requirements()  # undo the global lax.psum registration
+symm.clear_requirements()  # undo the global lax.psum registration before the GPU part
 print("registered after clear_requirements():", symm.registered_requirements())
+"""),
+("md", r"""
+## On real GPUs: H100 and B200 programs, compiled here
+
+This machine has no GPU, but with the `gpu-aot` extra (`pip install "donate[gpu-aot]"`: the CUDA plugin
+pair at the jaxlib version, no NVIDIA libraries) JAX builds the *real* XLA:GPU executable for an abstract
+mesh of GPUs. `donate.targets.gpu_mesh("h100", 8, ...)` gives such a mesh (the H100 and B200 figures are
+those XLA publishes for each GPU); arguments are `jax.ShapeDtypeStruct`s sharded on it. The first cell set
+`jax_platforms` to `"cpu"`, so the plugin does not look for CUDA libraries. Nothing below *ran* on a GPU:
+everything is read from the compiled programs.
+
+The program is a transformer block's training step (`donate.examples.block_train_step`) on a 2 x 4 mesh,
+data parallel on `dp` and tensor (sequence) parallel on `tp`: inside `shard_map`, `all_gather` rebuilds
+the sequence before each column-parallel matmul, `psum_scatter` sums row-parallel products back into
+sequence shards, `ppermute` passes each shard's last token to the next one, and the gradient reduction over
+`dp` is a `psum` whose operands are annotated with `with_symmetric`. Outside `shard_map` the jitted step
+clips by the global gradient norm and applies momentum SGD on NamedSharding-ed arrays, so XLA's partitioner
+adds its own all-reduces there. Parameters and momentum are donated.
+
+`symm.check_placement` does with plain `jax.jit` what `donate.jit` does on a GPU target: trace, find the
+comm buffers, take the platform from the arguments' shardings, choose the compile options, compile (with a
+dump of XLA's buffer assignment) and read back where every annotated value landed.
+"""),
+("code", r"""
+from donate import examples, targets
+
+jax.config.update("jax_platforms", "cpu")  # already in effect: set before the first array existed
+print("CUDA plugin matching jaxlib installed:", targets.available())
+checks = {}
+for gpu in ("h100", "b200"):
+    gpu_mesh = targets.gpu_mesh(gpu, 8, ("dp", "tp"), shape=(2, 4))
+    args = examples.block_abstract_args(gpu_mesh, batch=16, seq=256, d_model=256, d_ff=1024)
+    checks[gpu] = symm.check_placement(examples.block_train_step(gpu_mesh), *args,
+                                       donate_argnums=(0, 1))
+    c = checks[gpu]
+    print(f"{gpu}: {gpu_mesh.devices.flat[0].device_kind}, platform {c.platform!r}, "
+          f"{c.aliases} input/output aliases (params + momentum donated)")
+check = checks["h100"]
+print("\ncompile options:", check.policy.options)
+for kind, route in check.policy.routes:
+    print(f"  annotated {kind}: {route}")
+for sentence in check.policy.placed_too:
+    print("  note:", sentence)
+print()
+print(check.report)
+FIGURES.update(n_records=len(check.report.records), n_placed=sum(r.placed for r in check.report.records),
+               n_also=len(check.report.also_placed), aliases=check.aliases)
+"""),
+("md", r"""
+All <<n_records>> annotated gradient values landed in collective memory (<<n_placed>> of <<n_records>>),
+and XLA merged them into one all-reduce (its all-reduce combiner concatenates them; the report follows the
+concatenation back to the marks). The report also says what else was placed and why: all-reduce has no
+per-compile switch in XLA, only the all-or-nothing `xla_gpu_enable_nccl_user_buffers`, so the
+<<n_also>> un-annotated collectives (the tensor-parallel all-gathers, reduce-scatters and permutes, and
+the partitioner's all-reduces) went to collective memory too. The table of every collective in the H100
+program:
+"""),
+("code", r"""
+import collections
+
+rows = collections.OrderedDict()
+for name, kind, nbytes, where, annotated in check.collectives_table():
+    key = (kind, annotated, where)
+    count, total = rows.get(key, (0, 0))
+    rows[key] = (count + 1, total + nbytes)
+print(f"{'collective':20s} {'annotated':9s} {'count':>5s} {'operand bytes':>14s}  placement")
+for (kind, annotated, where), (count, total) in rows.items():
+    print(f"{kind:20s} {annotated:9s} {count:5d} {total:14d}  {where}")
+"""),
+("md", r"""
+### Placing only what was annotated
+
+Where XLA has a per-compile switch for one kind of collective (all-gather, collective-permute, ragged
+all-to-all), `compile_options_for` uses it instead, and un-annotated collectives of other kinds stay in
+default memory. Here the same small program is compiled three times for 8 H100s: the annotation on the
+all-gather's operand, on the all-reduce's, and none:
+"""),
+("code", r"""
+h100 = targets.gpu_mesh("h100", 8)
+v = jax.ShapeDtypeStruct((8192,), jnp.float32, sharding=NamedSharding(h100, P("x")))
+
+
+def two_collectives(mark):
+    def body(u):
+        a, b = jnp.sin(u), jnp.cos(u)
+        a = donate.with_symmetric(a, "x") if mark == "all-reduce" else a
+        b = donate.with_symmetric(b, "x") if mark == "all-gather" else b
+        return lax.psum(a, "x"), lax.all_gather(b, "x", tiled=True)
+    return jax.shard_map(body, mesh=h100, in_specs=P("x"), out_specs=(P(), P()), check_vma=False)
+
+
+print(f"{'annotated':11s} {'compile options':60s} all-reduce   all-gather")
+for mark in ("all-gather", "all-reduce", "none"):
+    c = symm.check_placement(two_collectives(mark), v, plan=False)
+    where = {kind: w for _, kind, _, w, _ in c.collectives_table()}
+    print(f"{mark:11s} {str(c.policy.options)[:60]:60s} {where['all-reduce']:12s} {where['all-gather']}")
+try:
+    symm.configure("AllReduce")
+except donate.DonationError as e:
+    print("\nsymm.configure('AllReduce') here:", e)
+"""),
+("md", r"""
+With the all-gather annotated, one per-compile option places it and the all-reduce stays in default
+memory. With the all-reduce annotated, the only per-compile route places both. The selective route for
+all-reduce is XLA's process-wide `--xla_enable_nccl_symmetric_buffers_for_collectives` (jaxlib 0.12 and
+later), which XLA reads once, when JAX starts: `symm.configure("AllReduce")` sets it and must come before
+the first array exists; this notebook is past that point, and it says so (on jaxlib 0.10 it says the flag
+does not exist there). In a fresh process on jaxlib 0.12.0.1 it places the annotated all-reduce alone
+(`tests/test_gpu_aot.py`).
+
+### How much collective memory
+
+XLA's buffer assignment of each compiled program has one allocation in the collective memory space:
+that is the collective memory one GPU needs for this program, and
+`XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB` must cover it. Beside it, the planner's pool for the
+annotated buffers of the same program (`planner.plan_memory`):
+"""),
+("code", r"""
+print(symm.sizing_table([checks[g].sizing(g) for g in checks]))
+for g, c in checks.items():
+    print(f"{g}: {c.memory}")
+    print(f"     planner pool: {c.planned_bytes} B for {len(c.report.records)} annotated buffers "
+          f"({c.annotated_bytes} B unpacked)")
+FIGURES.update(xla_mb=checks["h100"].memory.recommended_mb, xla_bytes=checks["h100"].memory.nbytes,
+               planned=checks["h100"].planned_bytes)
+"""),
+("md", r"""
+XLA's allocation (<<xla_bytes>> bytes per H100: `XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB=<<xla_mb>>`)
+holds every buffer it placed, annotated or not, operands and results. The planner's pool
+(<<planned>> bytes) holds only the annotated operands, packed by liveness: it is what a selective
+placement of the annotations needs, and it is smaller. In a picture, per collective kind, the operand bytes
+in collective memory (annotated and not) and in default memory, and the two pool sizes, for both GPUs:
+"""),
+("code", r"""
+import matplotlib.pyplot as plt
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 1.3]})
+kinds = ["all-reduce", "all-gather", "reduce-scatter", "collective-permute"]
+width = 0.38
+for k, (g, c) in enumerate(checks.items()):
+    uses = c.report.collectives
+    ann = [sum(u.nbytes for u in uses if u.kind == kd and u.memory_space and u.annotated) for kd in kinds]
+    other = [sum(u.nbytes for u in uses if u.kind == kd and u.memory_space and not u.annotated) for kd in kinds]
+    xs = [i + (k - 0.5) * width for i in range(len(kinds))]
+    axes[0].bar(xs, [a / 2**20 for a in ann], width, label=f"{g}: annotated, S(n)", color=("C0", "C2")[k])
+    axes[0].bar(xs, [o / 2**20 for o in other], width, bottom=[a / 2**20 for a in ann],
+                label=f"{g}: un-annotated, placed too", color=("C0", "C2")[k], alpha=0.35)
+axes[0].set_xticks(range(len(kinds)), kinds)
+axes[0].set_ylabel("operand MiB per device")
+axes[0].set_title("collective operands in collective memory")
+axes[0].legend(fontsize=8)
+names = list(checks)
+axes[1].bar([0, 1], [checks[g].memory.nbytes / 2**20 for g in names], 0.38, label="XLA allocation")
+axes[1].bar([0.4, 1.4], [checks[g].planned_bytes / 2**20 for g in names], 0.38, label="planner pool")
+axes[1].set_xticks([0.2, 1.2], names)
+axes[1].set_title("collective memory per device (MiB)")
+axes[1].legend(fontsize=8)
+fig.tight_layout()
+"""),
+("md", r"""
+What is verified here, on jaxlib 0.10.2 and 0.12.0.1: the compiled H100 and B200 programs, their memory
+spaces (`S(1)` on jaxlib 0.10, `S(7)` on 0.12), aliases and buffer assignment. What is not: any run on a
+GPU, NCCL's speed with registered or symmetric buffers, and the allocator actually honouring the size.
+`benchmarks/gpu/` has the script to measure that on a real GPU machine.
+
+`donate.jit` itself does not yet apply these options to programs whose arguments live on a GPU mesh
+but are abstract; this notebook calls the same functions through `symm.check_placement` with plain
+`jax.jit`.
 """),
 ]
 
