@@ -102,7 +102,7 @@ def _wrapper_for(wrapped):
     donate_argnums, donate_argnames = wrapped._user_argnums
     wrapped._into_wrapper = JitWrapped(
         _with_out(wrapped), _shift(donate_argnums), donate_argnames, wrapped._strict_arg,
-        wrapped._adopt_inner, kwargs, wrapped._copy_threshold)
+        wrapped._adopt_inner, kwargs, wrapped._copy_threshold, wrapped._symmetric_placement)
     return wrapped._into_wrapper
 
 

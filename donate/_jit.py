@@ -163,7 +163,8 @@ class Prepared:
   inner: _Inner | None
   lowered: Any = None  # jax.stages.Lowered
   compiled: Any = None  # jax.stages.Compiled
-  gpu_options: dict = dataclasses.field(default_factory=dict)
+  comm: tuple = ()  # the values marked for symmetric memory (`_symm.comm_buffers`)
+  placement: Any = None  # the `_symm` placement policy, on GPU targets with marked values
   in_paths: list | None = None  # the compiled module's parameters as the user's leaf paths
   lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -192,7 +193,7 @@ class JitWrapped:
 
   def __init__(self, fun: Callable, donate_argnums=None, donate_argnames=None, strict=False,
                adopt_inner_donation: bool = False, jit_kwargs: dict | None = None,
-               copy_threshold: int = 65536):
+               copy_threshold: int = 65536, symmetric_placement: bool = True):
     if not callable(fun):
       raise TypeError(f"Expected a callable value, got {fun!r}")
     jit_kwargs = dict(jit_kwargs or {})
@@ -215,6 +216,7 @@ class JitWrapped:
     self._strict_arg = strict
     self._strict, self._strict_copies = _strict_modes(strict)
     self._copy_threshold = int(copy_threshold)
+    self._symmetric_placement = bool(symmetric_placement)
     self._adopt_inner = bool(adopt_inner_donation)
     self._jit_kwargs = jit_kwargs
     self._keep_unused = bool(jit_kwargs.get("keep_unused", False))
@@ -330,7 +332,12 @@ class JitWrapped:
     if self._strict and any(d.reason.startswith(_plan.NOT_A_DEVICE_BUFFER) for d in plan.decisions
                             if d.requested):
       raise _errors.DonationError(plan.explain_host())
-    gpu_options = self._gpu_options(leaves, comm)
+    platform = _symm.target_platform([l.sharding_obj for l in leaves]
+                                     + [o.sharding_obj for o in outputs], jax.default_backend())
+    policy = _symm.placement_policy(platform, comm, enabled=self._symmetric_placement)
+    gpu_options = dict(policy.options)
+    if gpu_options:
+      plan = dataclasses.replace(plan, notes=plan.notes + policy.placed_too)
     native = (marked is closed and not gpu_options
               and self._is_native(plan, leaves, outputs, requested, flow))
     if has_layouts or n_consts:
@@ -338,7 +345,7 @@ class JitWrapped:
     inner = None if native else self._inner(marked, plan, traced, in_sh, out_sh, gpu_options)
     structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
     return Prepared(self._jitted, self._binding, self._name, structure, traced, plan, native,
-                    inner, gpu_options=gpu_options)
+                    inner, comm=tuple(comm), placement=policy if gpu_options else None)
 
   def _is_native(self, plan, leaves, outputs, requested, flow) -> bool:
     """Whether `jax.jit`'s own lowering makes the plan: same donated leaves, same pairs."""
@@ -378,12 +385,6 @@ class JitWrapped:
       kwargs["out_shardings"] = [out_sh[j] for j in order] if order is not None else list(out_sh)
     jitted = jax.jit(replay, donate_argnums=layout.donated, **kwargs)
     return _Inner(jitted, order, traced.out_tree)
-
-  def _gpu_options(self, leaves, comm) -> dict:
-    if not comm:
-      return {}
-    platform = _platform(leaves)
-    return _symm.gpu_compile_options(platform, comm) if platform in _symm_gpu() else {}
 
   # ---- staging ---------------------------------------------------------------------------------
   def _lower(self, prep: Prepared, call: _binding.Call, **lower_kwargs):
@@ -428,6 +429,8 @@ class JitWrapped:
       copied = _copies.strict_problems(plan.copies, self._name) if self._strict_copies else []
       if copied:
         raise _errors.DonationError("\n".join(copied))
+      if plan.placements is not None:
+        plan.placements.check(strict=self._strict)
       if not kwargs:
         prep.compiled, prep.plan = compiled, plan
       return compiled, plan
@@ -489,7 +492,8 @@ class JitWrapped:
     return (_restore, (self._fun, dict(self._jit_kwargs, donate_argnums=donate_argnums,
                                        donate_argnames=donate_argnames, strict=self._strict_arg,
                                        adopt_inner_donation=self._adopt_inner,
-                                       copy_threshold=self._copy_threshold)))
+                                       copy_threshold=self._copy_threshold,
+                                       symmetric_placement=self._symmetric_placement)))
 
 
 def _restore(fun, kwargs):
@@ -573,23 +577,6 @@ def _num_devices(sharding) -> int:
     return int(getattr(mesh, "size", 1) or 1)
 
 
-def _symm_gpu():
-  return ("cuda", "rocm", "gpu")
-
-
-def _platform(leaves) -> str:
-  """The platform of the first leaf (a LeafInfo or an array) that is placed on devices."""
-  for leaf in leaves:
-    sharding = getattr(leaf, "sharding_obj", None) or getattr(leaf, "sharding", None)
-    try:
-      devices = sharding.device_set if sharding is not None else None
-    except Exception:  # an AbstractMesh has no devices
-      devices = None
-    if devices:
-      return next(iter(devices)).platform
-  return jax.default_backend()
-
-
 def _check_duplicates(prep: Prepared, call: _binding.Call, plan: _plan.DonationPlan | None = None):
   """The same buffer twice where one is donated: raise before dispatch, naming both leaves."""
   plan = plan or prep.plan
@@ -630,7 +617,11 @@ def _realize(prep: Prepared, lowered, compiled, copy_threshold: int) -> _plan.Do
     realized[kept[param - offset]] = order[k] if order is not None else k
   shardings = _sharding_differences(prep, compiled, realized)
   plan = prep.plan.realize(realized, _plan.MemoryStats.from_compiled(compiled), shardings)
-  return dataclasses.replace(plan, copies=copies, copy_threshold=copy_threshold)
+  placements = None
+  if prep.placement is not None:  # a GPU target with marked values: where did they land?
+    placements = _symm.placement_report(text, prep.comm)
+  return dataclasses.replace(plan, copies=copies, copy_threshold=copy_threshold,
+                             placements=placements)
 
 
 def _copies_of(prep: Prepared, compiled_or_text, threshold: int) -> tuple:
@@ -697,7 +688,7 @@ def _user_stacklevel() -> int:
 
 def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=None,
         strict: bool | str | tuple[str, ...] = False, adopt_inner_donation: bool = False,
-        copy_threshold: int = 65536, **jax_jit_kwargs):
+        copy_threshold: int = 65536, symmetric_placement: bool = True, **jax_jit_kwargs):
   """A drop-in for `jax.jit` that plans donation per leaf and explains itself.
 
   Usable as `@donate.jit`, `@donate.jit(...)` and `donate.jit(f, ...)`. Every `jax.jit` keyword
@@ -726,6 +717,11 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
       lists the inner donation as ignored. (An inner `donate.jit` is always honoured.)
     copy_threshold: the smallest copy, in bytes, that the plan's "copies XLA added" section and
       `Compiled.copies()` report.
+    symmetric_placement: on a GPU target (concrete GPU arrays, or abstract arguments and
+      shardings on a GPU mesh such as `donate.targets.gpu_mesh("h100", 8)`), compile with the
+      options that put the values marked by `with_symmetric` / `requires_symmetric` /
+      `symmetric_memory` in collective memory, and report where each landed
+      (`plan.placements`); False compiles as `jax.jit` would.
     **jax_jit_kwargs: any other `jax.jit` keyword.
 
   Returns:
@@ -744,6 +740,7 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
   if fun is None:
     return lambda f: jit(f, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                          strict=strict, adopt_inner_donation=adopt_inner_donation,
-                         copy_threshold=copy_threshold, **jax_jit_kwargs)
+                         copy_threshold=copy_threshold, symmetric_placement=symmetric_placement,
+                         **jax_jit_kwargs)
   return JitWrapped(fun, donate_argnums, donate_argnames, strict, adopt_inner_donation,
-                    jax_jit_kwargs, copy_threshold)
+                    jax_jit_kwargs, copy_threshold, symmetric_placement)

@@ -186,6 +186,7 @@ class DonationPlan:
   collective_memory_bytes: int = 0  # bytes of values marked for symmetric memory (unpacked)
   copies: tuple = ()  # the copies XLA added (`_copies.CopyRecord`), once compiled
   copy_threshold: int = 65536  # the smallest copy `copies` reports, in bytes
+  placements: Any = None  # where marked values landed on a GPU target (`_symm` report)
 
   @property
   def bytes_requested(self) -> int:
@@ -276,6 +277,8 @@ class DonationPlan:
     if self.memory is not None:
       lines += _wrap([f"compiled: {_memory_text(self.memory)}"])
     lines += _wrap(_copies.format_copies(self.copies, self.copy_threshold), indent="      ")
+    if self.placements is not None:
+      lines += _wrap(str(self.placements).splitlines(), indent="      ")
     return "\n".join(lines)
 
   __repr__ = __str__

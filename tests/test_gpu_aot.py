@@ -6,6 +6,7 @@ the compiled program: memory spaces of collective operands, aliases, XLA's buffe
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -198,3 +199,37 @@ def test_configure_places_only_the_annotated_all_reduce_on_jaxlib_0_12():
   spaces = dict(eval(lines["SPACES"]))
   assert spaces["all-reduce"] > 0 and spaces["all-gather"] == 0
   assert lines["PLACED"] == "[True] 0"
+
+
+# ---- donate.jit on a GPU target: the same options, the placement in the plan ------------------
+
+def test_donate_jit_places_the_annotated_collective_on_the_h100_target(h100):
+  x = _abstract(h100)
+  g = donate.jit(_program(h100, gather_marked=True), donate_argnums=0)
+  compiled = g.lower(x).compile()
+  spaces = _spaces(compiled)
+  assert spaces["all-gather"] not in (None, 0) and spaces["all-reduce"] in (None, 0)
+  report = compiled.plan.placements
+  assert report is not None and all(r.placed for r in report.records)
+  assert "collective memory S(" in str(compiled.plan)
+  assert any("all-gather" in n for n in compiled.plan.notes)  # what else the option places
+
+
+def test_donate_jit_all_reduce_placement_and_opting_out(h100):
+  x = _abstract(h100)
+  placed = donate.jit(_program(h100, reduce_marked=True)).lower(x).compile()
+  assert _spaces(placed)["all-reduce"] not in (None, 0)
+  assert all(r.placed for r in placed.plan.placements.records)
+  off = donate.jit(_program(h100, reduce_marked=True), symmetric_placement=False)
+  compiled = off.lower(x).compile()
+  assert set(_spaces(compiled).values()) <= {None, 0} and compiled.plan.placements is None
+  plain = donate.jit(_program(h100)).lower(x).compile()  # no annotation: jax.jit's own program
+  assert set(_spaces(plain).values()) <= {None, 0} and plain.plan.placements is None
+
+
+def test_donate_jit_donated_abstract_argument_aliases_on_the_gpu_target(h100):
+  x = _abstract(h100)
+  g = donate.jit(lambda a: a * 2.0 + 1.0, donate_argnums=0)
+  compiled = g.lower(x).compile()
+  assert re.search(r"input_output_alias=\{ \{0?\}: \(0, ", compiled.as_text())
+  assert compiled.plan.decisions[0].action == "aliased"

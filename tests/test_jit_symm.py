@@ -57,7 +57,7 @@ def test_gpu_compile_options_only_for_gpu_platforms():
   bufs = _symm.comm_buffers(closed)
   assert _symm.gpu_compile_options("cuda", bufs)
   assert _symm.gpu_compile_options("cpu", bufs) == {}
-  assert _jit._platform([rows()]) == "cpu"
+  assert _symm.target_platform([rows().sharding], "cuda") == "cpu"
   # On CPU the program compiles and runs with no GPU option added.
   g = donate.jit(f)
   compiled = g.lower(rows()).compile()
