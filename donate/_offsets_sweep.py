@@ -1,0 +1,116 @@
+"""Offset assignment, pass 1: time compressed into sections, and the parts a packing splits into.
+
+Everything here is numpy over whole arrays, O(n log n) in the number of buffers, with memory linear
+in it: no pass enumerates the pairs of buffers that meet in time (a 62k-buffer compiler trace has
+180 million such pairs).
+
+A *section* is the set of buffers live just before some buffer dies. Buffer ``i`` spans the
+sections ``[a[i], b[i])``, and two buffers meet in time exactly when their section ranges
+intersect, so sections carry everything a packing needs to know about time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+INF = 1 << 62
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class Instance:
+  """Buffers in compressed form (sizes in units of their common factor).
+
+  Attributes:
+    sizes, starts, ends: per buffer, int64 arrays; ``ends`` are exclusive.
+    a, b: per buffer, the half-open range of sections it spans.
+    totals: per section, the total size live in it.
+    lower_bound: ``max(totals)``; no packing is lower.
+    live: indices of the buffers of positive size (zero-size buffers sit at offset 0).
+  """
+
+  sizes: np.ndarray
+  starts: np.ndarray
+  ends: np.ndarray
+  a: np.ndarray
+  b: np.ndarray
+  totals: np.ndarray
+  lower_bound: int
+  live: np.ndarray
+
+  @property
+  def num_sections(self) -> int:
+    return len(self.totals)
+
+
+def build(sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Instance:
+  """Sections and their totals for buffers live on ``[starts[i], ends[i])``."""
+  deaths = np.unique(ends)
+  a = np.searchsorted(deaths, starts, side="right")
+  b = np.searchsorted(deaths, ends, side="right")
+  live = np.flatnonzero(sizes > 0)
+  totals = section_totals(sizes[live], a[live], b[live], len(deaths))
+  return Instance(sizes, starts, ends, a, b, totals, int(totals.max(initial=0)), live)
+
+
+def section_totals(sizes: np.ndarray, a: np.ndarray, b: np.ndarray, count: int) -> np.ndarray:
+  """Per section, the total of ``sizes`` over the buffers spanning it (exact int64)."""
+  diff = np.zeros(count + 1, np.int64)
+  np.add.at(diff, a, sizes)
+  np.add.at(diff, b, -sizes)
+  return np.cumsum(diff[:count])
+
+
+def components(a: np.ndarray, b: np.ndarray, members: np.ndarray) -> list[np.ndarray]:
+  """Splits ``members`` into groups that no buffer connects in time, in time order."""
+  if len(members) == 0:
+    return []
+  order = np.argsort(a[members], kind="stable")
+  ordered = members[order]
+  reach = np.maximum.accumulate(b[ordered])
+  cuts = np.flatnonzero(a[ordered][1:] >= reach[:-1]) + 1
+  return np.split(ordered, cuts)
+
+
+def range_max(values: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """``max(values[a[k]:b[k]])`` for every k (each range non-empty), by a sparse table."""
+  table = [values]
+  length = 1
+  while 2 * length <= len(values):
+    prev = table[-1]
+    table.append(np.maximum(prev[:-length], prev[length:]))
+    length *= 2
+  level = np.log2(np.maximum(b - a, 1)).astype(np.int64)
+  out = np.empty(len(a), values.dtype)
+  for k in np.unique(level):
+    pick = level == k
+    row = table[k]
+    out[pick] = np.maximum(row[a[pick]], row[b[pick] - (1 << k)])
+  return out
+
+
+def heights(offsets: np.ndarray, sizes: np.ndarray, groups: list[np.ndarray]) -> list[int]:
+  """The height of each group of buffers (0 for an empty group)."""
+  return [int((offsets[g] + sizes[g]).max(initial=0)) for g in groups]
+
+
+def stack(offsets: np.ndarray, sizes: np.ndarray, todo: np.ndarray) -> None:
+  """Places the buffers ``todo`` one above the other over everything else, in place.
+
+  Valid whatever else is placed, and O(n): the answer of last resort when time runs out.
+  """
+  if len(todo) == 0:
+    return
+  done = np.ones(len(sizes), bool)
+  done[todo] = False
+  base = int((offsets[done] + sizes[done]).max(initial=0))
+  offsets[todo] = base + np.concatenate([[0], np.cumsum(sizes[todo])[:-1]])
+
+
+def cells(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Every section of every range ``[a[k], b[k])``, and the k each one comes from."""
+  lengths = (b - a).astype(np.int64)
+  owner = np.repeat(np.arange(len(a), dtype=np.int64), lengths)
+  first = np.cumsum(lengths) - lengths
+  return a.astype(np.int64)[owner] + np.arange(len(owner), dtype=np.int64) - first[owner], owner
