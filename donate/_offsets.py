@@ -41,7 +41,8 @@ __all__ = ["OffsetAssignment", "assign_offsets"]
 
 _PORTFOLIO_SHARE = 0.4  # of the time limit, at most, for greedy orders after the first
 _BAND_START = 256  # buffers in the first band re-packed on a large instance
-_PROBES_PER_ROUND = 3  # bisection probes per round; the lower bound gets four times their budget
+_PROBES_PER_ROUND = 3  # bisection probes per round
+_LOWER_BOUND_SHARE = 8  # the probe at the lower bound gets this many times their node budget
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -273,7 +274,7 @@ class _Planner:
     low = self.inst.lower_bound
     budget = 4 * min(len(self.inst.live), search.MAX_BUFFERS)
     while low < self.height and time.perf_counter() < self.deadline:
-      statuses = [self._probe(low, 4 * budget)]
+      statuses = [self._probe(low, _LOWER_BOUND_SHARE * budget)]
       if statuses[0] == "proof":
         low += 1
         continue

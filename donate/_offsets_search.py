@@ -80,51 +80,78 @@ def parts(sizes, starts, ends, ids: np.ndarray, floor: np.ndarray) -> list[Part]
 
 
 class Search:
-  """The search over one part, with its preorders run round robin under a growing node limit."""
+  """The search over one part: one resumable search per preorder and capacity, run round robin.
+
+  A search stopped by its node budget or the deadline keeps its place, so asking again for the
+  same capacity continues where it stopped instead of starting over.
+  """
+
+  _KEEP = 4  # capacities whose paused searches are kept
 
   def __init__(self, part: Part):
     self.part = part
     self._orders = None
-    self._reached = {}  # capacity -> node limit already tried in vain
+    self._paused: dict[int, list] = {}  # capacity -> paused searches, most recent last
 
   def solve(self, cap: int, node_limit: int | None, deadline: float):
     """Offsets (a list by local id) fitting ``cap``, or "infeasible" (proven), or "aborted".
 
-    A later call for the same capacity resumes at the node limit where the last one stopped.
+    ``node_limit`` bounds the nodes this call may visit, over all preorders (``None``: until the
+    deadline).
     """
     if self._orders is None:
       layout = _Layout(self.part)
       self._orders = [_Dfs(layout, h) for h in PREORDERS]
-    limit = self._reached.get(cap, 2 * len(self.part.size))
-    while node_limit is None or limit <= node_limit:
-      for dfs in self._orders:
-        result = dfs.run(cap, limit, deadline)
-        if result != "aborted":
+    sessions = self._paused.pop(cap, None)
+    if sessions is None:
+      sessions = [dfs.session(cap) for dfs in self._orders]
+      if None in sessions:
+        return "infeasible"
+    self._paused[cap] = sessions
+    while len(self._paused) > self._KEEP:
+      del self._paused[next(iter(self._paused))]
+    chunk, spent = 2 * len(self.part.size), 0
+    while node_limit is None or spent < node_limit:
+      if node_limit is not None:
+        chunk = min(chunk, -(-(node_limit - spent) // len(sessions)))
+      for session in sessions:
+        result = session.resume(chunk, deadline)
+        if result is not _PAUSED:
+          del self._paused[cap]
           return result
+      spent += chunk * len(sessions)
       if time.perf_counter() >= deadline:
         break
-      limit *= 2
-      self._reached[cap] = limit
+      chunk *= 2
     return "aborted"
 
 
-class _Aborted(Exception):
-  """Raised inside the search when its node limit or deadline is reached."""
+_PAUSED = object()  # what a search yields when it stops for its node budget or the deadline
 
 
-def _drive(gen):
-  """Runs a generator that yields sub-generators (calls) and returns their results."""
-  stack, value = [gen], None
-  while stack:
-    try:
-      sub = stack[-1].send(value)
-    except StopIteration as stop:
-      stack.pop()
-      value = stop.value
-    else:
+class _Session:
+  """One search in progress: its stack of generators (one per level) and its budget."""
+
+  def __init__(self, root, nodes, clock, finish):
+    self._stack, self._nodes, self._clock, self._finish = [root], nodes, clock, finish
+
+  def resume(self, budget: int, deadline: float):
+    """Runs up to about ``budget`` more nodes: the offsets, "infeasible", or ``_PAUSED``."""
+    self._nodes[0] += budget
+    self._clock[0] = deadline
+    stack, value = self._stack, None
+    while stack:
+      try:
+        sub = stack[-1].send(value)
+      except StopIteration as stop:
+        stack.pop()
+        value = stop.value
+        continue
+      if sub is _PAUSED:
+        return _PAUSED
       stack.append(sub)
       value = None
-  return value
+    return self._finish() if value else "infeasible"
 
 
 def _neighbours(lo: list[int], hi: list[int]) -> list[list[int]]:
@@ -190,8 +217,8 @@ class _Dfs:
     self.order = sorted(range(m), key=lambda i: tuple(-keys[c][i] * jitter[i] for c in heuristic)
                         + (i,))
 
-  def run(self, cap: int, node_limit: int, deadline: float):
-    """Offsets by local id, "infeasible" when the search is exhausted, or "aborted".
+  def session(self, cap: int):
+    """A paused search for a packing under ``cap``, or ``None`` if none can exist.
 
     The search state lives in flat lists indexed by label or section, changed in place and
     restored on the way back; this loop is the hot path, hence one long function.
@@ -202,14 +229,14 @@ class _Dfs:
     around = layout.around
     m, shift = len(size), layout.shift
     if any(f + z > cap for f, z in zip(layout.floor, size)):
-      return "infeasible"
+      return None
     max_size = max(size)
     mask = (1 << shift) - 1
     least = list(layout.floor) + [INF]  # lowest offset each unplaced buffer can take; INF if placed
     size_x, lo_x, hi_x = size + [0], lo + [0], hi + [0]
     widths, heuristic, spans, jitter = layout.widths, self.heuristic, layout.spans, self.jitter
     cuts = list(layout.cuts)
-    nodes = [node_limit]
+    nodes, clock = [0], [0.0]
     solution = {}
     failed, solved = set(), {}
     add = operator.add
@@ -227,7 +254,7 @@ class _Dfs:
       return True
 
     if not all(fits(s, t) for s, t in enumerate(total) if t):
-      return "infeasible"
+      return None
 
     def group(labels, a, b):
       """A part of the search: its buffers in preorder, a getter over them, their sizes, and
@@ -318,9 +345,8 @@ class _Dfs:
         elif o + max(total[a:b]) > cap:
           continue
         nodes[0] -= 1
-        if not nodes[0] & 1023:
-          if nodes[0] <= 0 or time.perf_counter() > deadline:
-            raise _Aborted
+        if not nodes[0] & 1023 and (nodes[0] <= 0 or time.perf_counter() > clock[0]):
+          yield _PAUSED
         top = o + sz
         least[j] = INF
         changed = [i for i in nbrs[j] if least[i] < top]
@@ -383,9 +409,5 @@ class _Dfs:
           return False
       return False
 
-    try:
-      if not _drive(visit(group(self.order, 0, len(total)), -1, 0)):
-        return "infeasible"
-    except _Aborted:
-      return "aborted"
-    return [solution[i] for i in range(m)]
+    return _Session(visit(group(self.order, 0, len(total)), -1, 0), nodes, clock,
+                    lambda: [solution[i] for i in range(m)])
