@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
-_VALUE = re.compile(r"^ value: <(\d+) (\S+) @\d+> \(size=(\d+),offset=(\d+)\)")
+_VALUE = re.compile(r"^ value: <(\d+) (\S+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)")
 _RANGE = re.compile(r"^\s+(\S+):(\d+)-(\d+)$")
 
 
@@ -77,19 +77,23 @@ def read(prefix: str) -> Packing:
   """The largest temp allocation of the module dumped at ``prefix``."""
   size, values = _temp_allocation(Path(f"{prefix}-buffer-assignment.txt").read_text())
   ranges = _live_ranges(Path(f"{prefix}-live-range.txt").read_text())
-  rows = []
+  rows, missing = [], []
   for name, value_size, offset in values:
     key = name if "{" in name else name + "{}"
-    if key in ranges and value_size:
+    if key not in ranges:
+      missing.append(name)
+    elif value_size:
       start, end = ranges[key]
       rows.append([offset, offset + value_size, start, end + 1])  # XLA's ends are inclusive
-  groups = _shared(rows)
+  if missing:
+    raise ValueError(f"no live range for {len(missing)} values, e.g. {missing[:3]}")
+  count, groups = len(rows), _shared(rows)
   while len(groups) < len(rows):  # a merged buffer may now meet a third value: again
     rows, groups = groups, _shared(groups)
   groups.sort(key=lambda g: (g[2], g[0]))
   return Packing(Path(prefix).name, tuple(g[1] - g[0] for g in groups),
                  tuple(g[2] for g in groups), tuple(g[3] for g in groups),
-                 tuple(g[0] for g in groups), size, len(rows))
+                 tuple(g[0] for g in groups), size, count)
 
 
 def _temp_allocation(text: str):
@@ -104,6 +108,8 @@ def _temp_allocation(text: str):
         allocations.append(current)
       continue
     value = _VALUE.match(line)
+    if line.startswith(" value: ") and not value:
+      raise ValueError(f"cannot read the value line {line!r}")
     if value and current is not None:
       current[1].append((value.group(2), int(value.group(3)), int(value.group(4))))
   if not allocations:
