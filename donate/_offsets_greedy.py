@@ -111,40 +111,44 @@ def skyline(inst: Instance, order: np.ndarray, deadline: float, *, finish: bool)
 
   while heap and pending.left:
     h, v = pop(heap)
-    if not alive[v] or height[v] != h:
-      continue
-    p, q = prev[v], nxt[v]
-    if (p >= 0 and height[p] <= h) or (q >= 0 and height[q] <= h):
-      continue
-    steps += 1
-    if not steps & 2047 and time.perf_counter() > deadline:
-      if not finish:
-        return None
-      break
-    x, y = start[v], end[v]
-    i = pending.take(x, y)
-    if i < 0:  # nothing fits: raise the valley to its lower neighbour
-      h = min(height[p] if p >= 0 else INF, height[q] if q >= 0 else INF)
-      if h < INF:
-        height[v] = h
-        merge(v, h)
-        push_valley(v)
-      continue
-    out[i] = h
-    a, b, top = a_of[i], b_of[i], h + size_of[i]
-    if a > x:
-      push(heap, (h, new_run(x, a, h, p, v)))
-      start[v] = a
-    if b < y:
-      push(heap, (h, new_run(b, y, h, v, q)))
-      end[v] = b
-    height[v] = top
-    p, q = merge(v, top)
-    push_valley(v)
-    if p >= 0:
-      push_valley(p)
-    if q >= 0:
-      push_valley(q)
+    level = [v]  # valleys at the lowest height h: handled at once, without the heap
+    while level:
+      v = level.pop()
+      if not alive[v] or height[v] != h:
+        continue
+      p, q = prev[v], nxt[v]
+      if (p >= 0 and height[p] <= h) or (q >= 0 and height[q] <= h):
+        continue
+      steps += 1
+      if not steps & 2047 and time.perf_counter() > deadline:
+        if not finish:
+          return None
+        heap = level = []
+        break
+      x, y = start[v], end[v]
+      i = pending.take(x, y)
+      if i < 0:  # nothing fits: raise the valley to its lower neighbour
+        top = min(height[p] if p >= 0 else INF, height[q] if q >= 0 else INF)
+        if top < INF:
+          height[v] = top
+          merge(v, top)
+          push_valley(v)
+        continue
+      out[i] = h
+      a, b, top = a_of[i], b_of[i], h + size_of[i]
+      if a > x:
+        level.append(new_run(x, a, h, p, v))
+        start[v] = a
+      if b < y:
+        level.append(new_run(b, y, h, v, q))
+        end[v] = b
+      height[v] = top
+      p, q = merge(v, top)
+      push_valley(v)
+      if p >= 0:
+        push_valley(p)
+      if q >= 0:
+        push_valley(q)
   offsets[:] = out
   stack(offsets, inst.sizes, pending.remaining())
   return offsets, pending.left
