@@ -43,6 +43,7 @@ _PORTFOLIO_SHARE = 0.4  # of the time limit, at most, for greedy orders after th
 _BAND_START = 256  # buffers in the first band re-packed on a large instance
 _PROBES_PER_ROUND = 3  # bisection probes per round
 _LOWER_BOUND_SHARE = 8  # the probe at the lower bound gets this many times their node budget
+_SECONDS_PER_CELL = 1e-6  # roughly, to set a search up, per (buffer, section) cell or pair
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -347,6 +348,8 @@ class _Planner:
         continue
       if not part.searchable:
         return "stuck"
+      if solver is None and part.cells * _SECONDS_PER_CELL > self.deadline - time.perf_counter():
+        return "aborted"  # no time left to set its search up
       result = (solver or search.Search(part)).solve(target, node_limit, self.deadline)
       if isinstance(result, str):
         return result

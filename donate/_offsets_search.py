@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from donate._offsets_sweep import INF, components, section_totals
+from donate._offsets_sweep import INF, components, distinct, section_totals
 
 # Static preorders tried round robin (MiniMalloc's defaults): W = longer lifetime first,
 # A = larger area (size x lifetime) first, T = larger fullest-section total first,
@@ -61,7 +61,7 @@ def parts(sizes, starts, ends, ids: np.ndarray, floor: np.ndarray) -> list[Part]
   """Splits buffers ``ids`` (with lowest offsets ``floor``) into independent parts."""
   if len(ids) == 0:
     return []
-  deaths = np.unique(ends[ids])
+  deaths = distinct(ends[ids])
   a = np.searchsorted(deaths, starts[ids], side="right")
   b = np.searchsorted(deaths, ends[ids], side="right")
   out = []
@@ -110,16 +110,20 @@ class Search:
     self._paused[cap] = sessions
     while len(self._paused) > self._KEEP:
       del self._paused[next(iter(self._paused))]
+    # The first preorder (MiniMalloc's default) gets two shares of each round, the others one.
+    shares = [2] + [1] * (len(sessions) - 1)
     chunk, spent = 2 * len(self.part.size), 0
     while node_limit is None or spent < node_limit:
       if node_limit is not None:
-        chunk = min(chunk, -(-(node_limit - spent) // len(sessions)))
-      for session in sessions:
-        result = session.resume(chunk, deadline)
+        chunk = min(chunk, -(-(node_limit - spent) // sum(shares)))
+      for session, share in zip(sessions, shares):
+        if time.perf_counter() >= deadline:
+          return "aborted"
+        result = session.resume(share * chunk, deadline)
         if result is not _PAUSED:
           del self._paused[cap]
           return result
-      spent += chunk * len(sessions)
+      spent += chunk * sum(shares)
       if time.perf_counter() >= deadline:
         break
       chunk *= 2
@@ -345,7 +349,7 @@ class _Dfs:
         elif o + max(total[a:b]) > cap:
           continue
         nodes[0] -= 1
-        if not nodes[0] & 1023 and (nodes[0] <= 0 or time.perf_counter() > clock[0]):
+        if not nodes[0] & 255 and (nodes[0] <= 0 or time.perf_counter() > clock[0]):
           yield _PAUSED
         top = o + sz
         least[j] = INF

@@ -46,12 +46,18 @@ class Instance:
 
 def build(sizes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Instance:
   """Sections and their totals for buffers live on ``[starts[i], ends[i])``."""
-  deaths = np.unique(ends)
+  deaths = distinct(ends)
   a = np.searchsorted(deaths, starts, side="right")
   b = np.searchsorted(deaths, ends, side="right")
   live = np.flatnonzero(sizes > 0)
   totals = section_totals(sizes[live], a[live], b[live], len(deaths))
   return Instance(sizes, starts, ends, a, b, totals, int(totals.max(initial=0)), live)
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+  """The sorted distinct values (``np.unique`` by sorting, which is faster on integers)."""
+  ordered = np.sort(values)
+  return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
 
 def section_totals(sizes: np.ndarray, a: np.ndarray, b: np.ndarray, count: int) -> np.ndarray:
@@ -83,7 +89,7 @@ def range_max(values: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     length *= 2
   level = np.log2(np.maximum(b - a, 1)).astype(np.int64)
   out = np.empty(len(a), values.dtype)
-  for k in np.unique(level):
+  for k in distinct(level).tolist():
     pick = level == k
     row = table[k]
     out[pick] = np.maximum(row[a[pick]], row[b[pick] - (1 << k)])
