@@ -18,6 +18,8 @@ bound (the most bytes live at one moment) and, for XLA's programs, against XLA's
 3. A synthetic 100,000-buffer step-per-op graph, in a child process likewise.
 4. The XLA corpus (``benchmarks/corpus``, made by ``xla_corpus.py``): XLA's heap simulator's
    allocation for its temp buffers against ours for the same buffers with XLA's alignment.
+5. Deadlines: wall time of whole calls against their ``time_limit``, from 0.5 s to 5 s, on the
+   largest instances at hand.
 """
 
 from __future__ import annotations
@@ -181,10 +183,26 @@ def xla_table(corpus: Path, time_limit: float) -> None:
                "XLA/LB", "ours/LB", "seconds"), rows)
 
 
+def deadline_table(instances: list[tuple[str, tuple]]) -> None:
+  rows = []
+  for name, data in instances:
+    for limit in (0.5, 2.0, 5.0):
+      t = time.perf_counter()
+      result = assign_offsets(*data, time_limit=limit)
+      wall = time.perf_counter() - t
+      validate(*data, result.offsets)
+      rows.append([name, len(data[0]), f"{limit:g}", f"{wall:.3f}", f"{wall / limit:.3f}",
+                   result.method, ratio(result.height, result.lower_bound)])
+  print_table("Deadlines: wall time of the whole call against time_limit",
+              ("instance", "buffers", "time_limit s", "wall s", "wall/limit", "method",
+               "height/LB"), rows)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per instance")
-  parser.add_argument("--only", nargs="*", default=["minimalloc", "traces", "synthetic", "xla"])
+  parser.add_argument("--only", nargs="*",
+                      default=["minimalloc", "traces", "synthetic", "xla", "deadline"])
   parser.add_argument("--data", type=Path, default=default_data())
   parser.add_argument("--traces", nargs="*", type=Path, default=[])
   parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -208,6 +226,14 @@ def main(argv=None) -> int:
     large_table(specs, args.time_limit)
   if "xla" in args.only:
     xla_table(HERE / "corpus", args.time_limit)
+  if "deadline" in args.only:
+    instances = [("synthetic 100k", synthetic())]
+    instances += [(Path(s).stem, load(Path(s))) for s in specs if s != "synthetic"
+                  and Path(s).stem in ("Y_1", "pangu_2.6B")]
+    hard = args.data / "minimalloc" / "challenging" / f"D.{CAPACITY}.csv"
+    if hard.exists():
+      instances.append(("MiniMalloc D", load(hard)))
+    deadline_table(instances)
   return 0
 
 

@@ -12,7 +12,8 @@ A part may start from a *floor*: each buffer's lowest allowed offset (the top of
 below it). That is how a band of a large packing is re-packed above the rest of it.
 
 The depth of the search is the number of buffers; it runs on an explicit stack of generators
-(each level ``yield``s the level below it), so it needs no deep Python recursion.
+(each level ``yield``s the level below it), so it needs no deep Python recursion, and a search that
+runs out of nodes or time keeps its stack and resumes where it stopped when asked again.
 """
 
 from __future__ import annotations
