@@ -197,7 +197,7 @@ plt.show()
 """),
 ("md", r"""
 On <<instance>> (<<n_buffers>> buffers) the greedy packing is <<greedy_h>> bytes high, <<greedy_ratio>>x the
-lower bound of <<lb>> bytes: big buffers placed first leave holes that later ones cannot fill. The search
+lower bound of <<lb>> bytes: each greedy order leaves holes that the buffers placed later cannot fill. The search
 reaches <<search_h>> bytes (<<search_ratio>>x, <<optimal>>) in <<search_s>> s<<fits>>.
 <<slides>>the times here are for this shared 2-core machine, and vary from run to run.
 """),
