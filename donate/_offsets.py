@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 import time
 from collections.abc import Sequence
 
