@@ -302,6 +302,8 @@ class _Planner:
     floor the buffers below it leave; when the search shows that a band cannot fit on its
     floor, a band twice as large is tried.
     """
+    if time.perf_counter() >= self.deadline:
+      return "aborted"
     self.method = "greedy+search"
     if self._whole is None:
       inst = self.inst
