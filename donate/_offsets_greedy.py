@@ -150,7 +150,7 @@ def skyline(inst: Instance, order: np.ndarray, deadline: float, *, finish: bool)
       if q >= 0:
         push_valley(q)
   offsets[:] = out
-  stack(offsets, inst.sizes, pending.remaining())
+  stack(inst, offsets, pending.remaining())
   return offsets, pending.left
 
 

@@ -101,17 +101,34 @@ def heights(offsets: np.ndarray, sizes: np.ndarray, groups: list[np.ndarray]) ->
   return [int((offsets[g] + sizes[g]).max(initial=0)) for g in groups]
 
 
-def stack(offsets: np.ndarray, sizes: np.ndarray, todo: np.ndarray) -> None:
-  """Places the buffers ``todo`` one above the other over everything else, in place.
+def stack(inst: Instance, offsets: np.ndarray, todo: np.ndarray) -> None:
+  """Places the buffers ``todo`` above everything else, in place: the answer of last resort.
 
-  Valid whatever else is placed, and O(n): the answer of last resort when time runs out.
+  O(n log n) and valid whatever else is placed. Each buffer goes to the smallest node of a binary
+  tree over the sections that holds its whole span; the nodes of one level cover disjoint
+  sections, so they share one band, as high as their fullest node, and the bands are stacked.
   """
   if len(todo) == 0:
     return
-  done = np.ones(len(sizes), bool)
+  done = np.ones(len(inst.sizes), bool)
   done[todo] = False
-  base = int((offsets[done] + sizes[done]).max(initial=0))
-  offsets[todo] = base + np.concatenate([[0], np.cumsum(sizes[todo])[:-1]])
+  base = int((offsets[done] + inst.sizes[done]).max(initial=0))
+  a, last, sizes = inst.a[todo], inst.b[todo] - 1, inst.sizes[todo]
+  level = np.zeros(len(todo), np.int64)  # the bit length of a ^ last: the node's level
+  differ = a ^ last
+  while differ.any():
+    level += differ > 0
+    differ >>= 1
+  node = a >> level
+  order = np.lexsort((node, level))
+  level, node, sizes = level[order], node[order], sizes[order]
+  new_group = np.concatenate([[True], (level[1:] != level[:-1]) | (node[1:] != node[:-1])])
+  below = np.cumsum(sizes) - sizes  # sizes before each buffer, over all groups
+  within = below - np.maximum.accumulate(np.where(new_group, below, 0))
+  fullest = np.zeros(int(level.max()) + 1, np.int64)
+  np.maximum.at(fullest, level, within + sizes)
+  bands = np.concatenate([[0], np.cumsum(fullest)[:-1]])
+  offsets[todo[order]] = base + bands[level] + within
 
 
 def cells(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
