@@ -5,53 +5,44 @@ while it is live on the half-open interval ``[starts[i], ends[i])``; two buffers
 overlap must not overlap in memory. The pool's height is the highest byte any buffer uses, and the
 lower bound is the largest total size live at one moment.
 
-The engine works in three passes, each on plain integers:
+Sizes are rounded up to the alignment and divided by their common factor (which loses nothing: an
+optimal packing can always be pushed down until every offset is a sum of sizes). Then:
 
-1. Sweep: compress time into *sections* (the sets of buffers live just before some buffer dies),
-   give every buffer the range of sections it spans, and split the problem into *partitions* that
-   no buffer crosses. Sizes are rounded up to the alignment and divided by their common factor,
-   which loses nothing, since an optimal packing can always be pushed down until every offset is a
-   sum of sizes.
-2. Greedy: largest buffer first, each into the smallest gap that fits among the buffers already
-   placed that it meets in time (best fit, as in TFLite's and XLA's heap simulators).
-3. Search: a depth-first search in the style of MiniMalloc (M. D. Moffitt, ASPLOS 2023). Buffers
-   are placed one by one at the lowest offset their placed neighbours allow, in canonical order
-   (non-decreasing offset, then a fixed preorder), with three prunings: a section's floor plus the
-   sizes still to place in it must fit (section inference), a buffer is never placed at or above the
-   top of a buffer that could still go under it (dominance), and offsets never go down (symmetry).
-   The checks are ordered cheapest first: candidates that cannot pass the monotonic floor are
-   filtered out before any state changes, and a section's lowest free offset is only recomputed
-   where a placement could push it over the capacity (with a remembered witness buffer tried
-   first). Several preorders run round robin under a growing node limit. Without a capacity the
-   search bisects between the lower bound and the best height found.
+1. Sweep (`_offsets_sweep`): time compressed into sections, O(n log n), linear memory.
+2. Greedy (`_offsets_greedy`): a bottom-up skyline packing under several buffer orders, and best
+   fit (as XLA's and TFLite's heap simulators) where the instance is small enough. The first one
+   is the first answer; the best one is where the search starts.
+3. Search (`_offsets_search`): without a capacity, bisection on the height between the lower
+   bound and the best height found; each probe asks the MiniMalloc-style search to fit a
+   capacity, with a node budget that grows by rounds. Instances too large to search whole are
+   improved a *band* at a time: the buffers above some offset are re-packed, under the probe's
+   capacity, on the floor that the buffers below them leave.
+
+``time_limit`` is a deadline for the whole call: every loop checks the clock, and if even the first
+greedy answer is not finished by then, the buffers it has not placed are stacked above the rest.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import math
-import operator
-import sys
 import time
 from collections.abc import Sequence
-from functools import reduce
 
 import numpy as np
 
+from donate import _offsets_greedy as greedy
+from donate import _offsets_search as search
+from donate import _offsets_sweep as sweep
 from donate._errors import DonationError, message
 
 __all__ = ["OffsetAssignment", "assign_offsets"]
 
-_INF = 1 << 62
-# Partitions larger than this keep their greedy answer: one descent of the search costs time
-# quadratic in the partition's size.
-_SEARCH_MAX_BUFFERS = 4000
-# Static preorders tried round robin (MiniMalloc's defaults): W = longer lifetime first,
-# A = larger area (size x lifetime) first, T = larger fullest-section total first.
-_PREORDERS = ("TWA", "WAT", "TAW", "BTC")
-# Parts of the search remembered per run (each entry is a few hundred small ints).
-_MEMO_LIMIT = 200_000
+_PORTFOLIO_SHARE = 0.4  # of the time limit, at most, for greedy orders after the first
+_BAND_START = 256  # buffers in the first band re-packed on a large instance
+_PROBES_PER_ROUND = 3  # bisection probes per round
+_LOWER_BOUND_SHARE = 8  # the probe at the lower bound gets this many times their node budget
+_SECONDS_PER_CELL = 1e-6  # roughly, to set a search up, per (buffer, section) cell or pair
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,12 +53,14 @@ class OffsetAssignment:
     offsets: byte offset of each buffer, in input order; a multiple of the alignment.
     height: pool bytes needed, ``max(offset + aligned size)``.
     lower_bound: the largest total aligned size live at one moment; no assignment is lower.
-    greedy_height: the height of the fast greedy first answer.
+    greedy_height: the height of the best fast greedy answer, where the search started.
     optimal: ``True`` when ``height`` is proven minimal (it equals the lower bound, or the search
       ruled out every lower height).
     seconds: wall time spent.
-    method: ``"greedy"`` or ``"greedy+search"`` (and ``"empty"`` for no buffers).
+    method: ``"greedy"`` or ``"greedy+search"`` (``"empty"`` for no buffers; ``"stacked"`` when
+      the time limit ran out before the first greedy answer was complete).
     capacity: the capacity asked for, or ``None`` when the height was minimised.
+    first_seconds: wall time until the first valid assignment was ready.
 
   >>> a = assign_offsets([64, 64, 64, 64], [0, 0, 0, 2], [2, 2, 2, 3])
   >>> a.height, a.lower_bound, a.optimal
@@ -82,6 +75,7 @@ class OffsetAssignment:
   seconds: float
   method: str
   capacity: int | None = None
+  first_seconds: float = 0.0
 
   @property
   def fits(self) -> bool:
@@ -94,24 +88,24 @@ class OffsetAssignment:
     return self.height / self.lower_bound if self.lower_bound else 1.0
 
   def __str__(self) -> str:
-    greedy = self.greedy_height / self.lower_bound if self.lower_bound else 1.0
+    greedy_ratio = self.greedy_height / self.lower_bound if self.lower_bound else 1.0
     status = "optimal" if self.optimal else "not proven optimal"
     text = (f"OffsetAssignment: {len(self.offsets)} buffers, height {self.height} bytes "
             f"(lower bound {self.lower_bound}, {self.ratio:.3f}x; greedy {self.greedy_height}, "
-            f"{greedy:.3f}x), {status}")
+            f"{greedy_ratio:.3f}x), {status}")
     if self.capacity is not None:
       text += f", {'fits' if self.fits else 'does not fit'} capacity {self.capacity}"
     return text + f", {self.method}, {self.seconds:.2f} s"
 
 
 def assign_offsets(sizes: Sequence[int], starts: Sequence[int], ends: Sequence[int], *,
-                   alignment: int = 1, capacity: int | None = None,
-                   time_limit: float = 10.0) -> OffsetAssignment:
+                   alignment: int = 1, capacity: int | None = None, time_limit: float = 10.0,
+                   search: bool = True) -> OffsetAssignment:
   """Assigns pool offsets to buffers live on half-open intervals ``[start, end)``.
 
-  Two buffers whose intervals overlap never overlap in memory. A greedy answer comes first; if it
-  is above the lower bound, a search improves it until it is proven optimal, fits ``capacity``, or
-  ``time_limit`` runs out.
+  Two buffers whose intervals overlap never overlap in memory. Fast greedy packings come first;
+  the search then starts from the best of them, so the answer is never worse than that, and
+  improves it until it is proven optimal, fits ``capacity``, or ``time_limit`` runs out.
 
   Args:
     sizes: bytes per buffer, non-negative integers (rounded up to ``alignment`` when packing).
@@ -121,7 +115,10 @@ def assign_offsets(sizes: Sequence[int], starts: Sequence[int], ends: Sequence[i
     capacity: if given, stop at the first assignment whose height fits within it; if none is found
       in time, the best one found is returned and its ``fits`` is ``False``. If ``None``, minimise
       the height.
-    time_limit: seconds the whole call may take, roughly; the greedy answer is always returned.
+    time_limit: seconds the whole call may take. The best valid assignment found by then is
+      returned; if even the first greedy answer is not complete, the buffers it has not placed
+      yet are stacked above the others (valid, but loose).
+    search: ``False`` returns the best greedy answer without searching.
 
   Returns:
     An :class:`OffsetAssignment`.
@@ -138,31 +135,28 @@ def assign_offsets(sizes: Sequence[int], starts: Sequence[int], ends: Sequence[i
   """
   t0 = time.perf_counter()
   sizes, starts, ends = _check_inputs(sizes, starts, ends, alignment, capacity, time_limit)
-  deadline = t0 + time_limit
+  aligned = -(-sizes // alignment) * alignment
+  unit = int(np.gcd.reduce(aligned)) if len(aligned) else 0
+  unit = unit or alignment
+  inst = sweep.build(aligned // unit, starts, ends)
   n = len(sizes)
-  aligned = [-(-s // alignment) * alignment for s in sizes]
-  unit = reduce(math.gcd, aligned, 0) or alignment
-  units = [s // unit for s in aligned]
-  problem = _sweep(units, starts, ends)
-  lower_bound = problem.lower_bound * unit
-  if n == 0 or problem.lower_bound == 0:
+  if inst.lower_bound == 0:
     return OffsetAssignment((0,) * n, 0, 0, 0, True, time.perf_counter() - t0, "empty", capacity)
-  offsets = _greedy(problem)
-  greedy_height = _height(units, offsets)
-  cap_units = None if capacity is None else capacity // unit
-  method, proven = "greedy", greedy_height == problem.lower_bound
-  if not proven and (cap_units is None or greedy_height > cap_units):
-    offsets, proven, searched = _improve(problem, offsets, cap_units, deadline)
-    method = "greedy+search" if searched else "greedy"
-  height = _height(units, offsets)
+  cap = None if capacity is None else capacity // unit
+  plan = _Planner(inst, cap, t0, t0 + time_limit)
+  plan.greedy()
+  if search and not plan.done():
+    plan.improve()
   return OffsetAssignment(
-      offsets=tuple(o * unit for o in offsets), height=height * unit, lower_bound=lower_bound,
-      greedy_height=greedy_height * unit, optimal=proven or height == problem.lower_bound,
-      seconds=time.perf_counter() - t0, method=method, capacity=capacity)
+      offsets=tuple((plan.offsets * unit).tolist()), height=plan.height * unit,
+      lower_bound=inst.lower_bound * unit, greedy_height=plan.greedy_height * unit,
+      optimal=plan.proven or plan.height == inst.lower_bound,
+      seconds=time.perf_counter() - t0, method=plan.method, capacity=capacity,
+      first_seconds=plan.first_seconds)
 
 
 def _check_inputs(sizes, starts, ends, alignment, capacity, time_limit):
-  """Validates the arguments and returns the three lists as Python ints."""
+  """Validates the arguments and returns the three sequences as int64 arrays."""
   sizes, starts, ends = (_ints(v, name) for v, name in
                          ((sizes, "sizes"), (starts, "starts"), (ends, "ends")))
   if not len(sizes) == len(starts) == len(ends):
@@ -170,14 +164,17 @@ def _check_inputs(sizes, starts, ends, alignment, capacity, time_limit):
         "assign_offsets needs one size, start and end per buffer",
         expected="three sequences of equal length",
         got=f"{len(sizes)} sizes, {len(starts)} starts and {len(ends)} ends"))
-  for i, (size, start, end) in enumerate(zip(sizes, starts, ends)):
-    if size < 0:
-      raise DonationError(message("negative buffer size", path=f"sizes[{i}]",
-                                  expected="a size >= 0", got=str(size)))
-    if end <= start:
-      raise DonationError(message(
-          "empty live range", path=f"buffer {i}", expected="ends[i] > starts[i]",
-          got=f"start {start}, end {end}", fix="live ranges are half-open, [start, end)"))
+  negative = np.flatnonzero(sizes < 0)
+  if len(negative):
+    i = int(negative[0])
+    raise DonationError(message("negative buffer size", path=f"sizes[{i}]",
+                                expected="a size >= 0", got=str(sizes[i])))
+  empty = np.flatnonzero(ends <= starts)
+  if len(empty):
+    i = int(empty[0])
+    raise DonationError(message(
+        "empty live range", path=f"buffer {i}", expected="ends[i] > starts[i]",
+        got=f"start {starts[i]}, end {ends[i]}", fix="live ranges are half-open, [start, end)"))
   if _ints([alignment], "alignment")[0] < 1:
     raise DonationError(message("bad alignment", path="alignment", expected="an integer >= 1",
                                 got=repr(alignment)))
@@ -190,470 +187,195 @@ def _check_inputs(sizes, starts, ends, alignment, capacity, time_limit):
   return sizes, starts, ends
 
 
-def _ints(values, name: str) -> list[int]:
-  """``values`` as a list of Python ints, or a DonationError naming the first bad entry."""
+def _ints(values, name: str) -> np.ndarray:
+  """``values`` as an int64 array, or a DonationError naming the first entry that is not an int."""
   try:
-    values = list(values)
+    array = np.asarray(values if isinstance(values, np.ndarray) else list(values))
   except TypeError:
     raise DonationError(message("not a sequence", path=name, expected="a sequence of integers",
                                 got=type(values).__name__)) from None
-  out = []
-  for i, v in enumerate(values):
-    try:
-      if isinstance(v, bool):
-        raise TypeError
-      out.append(operator.index(v))
-    except TypeError:
+  if array.dtype.kind in "iu" and array.ndim == 1:
+    return array.astype(np.int64)
+  items = array.tolist() if array.ndim == 1 else list(values)
+  for i, v in enumerate(items):
+    if isinstance(v, bool) or not isinstance(v, int):
       path = name if name in ("alignment", "capacity") else f"{name}[{i}]"
       raise DonationError(message("not an integer", path=path, expected="an integer",
-                                  got=repr(v))) from None
-  return out
+                                  got=repr(v)))
+  return np.asarray(items, np.int64)
 
 
-def _height(units: list[int], offsets: list[int]) -> int:
-  return max(map(operator.add, offsets, units), default=0)
+class _Planner:
+  """The packing of one instance as it improves: greedy orders first, then the search."""
 
+  def __init__(self, inst: sweep.Instance, cap: int | None, t0: float, deadline: float):
+    self.inst, self.cap, self.t0, self.deadline = inst, cap, t0, deadline
+    self.offsets = np.zeros(len(inst.sizes), np.int64)
+    self.height = math.inf
+    self.greedy_height = 0
+    self.first_seconds = 0.0
+    self.proven = False
+    self.method = "greedy"
+    self._whole = None  # searches over the parts of the whole instance, built once
 
-# ------------------------------------------------------------------------------------------------
-# Sweep: sections, ranges, partitions.
+  def done(self) -> bool:
+    target = self.inst.lower_bound if self.cap is None else max(self.cap, self.inst.lower_bound)
+    return self.height <= target or self.proven
 
+  def _max_top(self, offsets: np.ndarray) -> int:
+    live = self.inst.live
+    return int((offsets[live] + self.inst.sizes[live]).max())
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Problem:
-  """The instance in compressed form.
+  def _offer(self, offsets) -> None:
+    if offsets is not None and self._max_top(offsets) < self.height:
+      self.offsets, self.height = offsets, self._max_top(offsets)
 
-  ``sizes`` are in units of the common factor; buffer ``i`` spans sections ``[lo[i], hi[i])``;
-  two buffers meet in time exactly when their section ranges intersect. ``partitions`` lists the
-  buffers of each group that no other buffer connects to in time (zero-size buffers are left out:
-  they sit at offset 0).
-  """
-
-  sizes: list[int]
-  lengths: list[int]
-  lo: list[int]
-  hi: list[int]
-  totals: list[int]
-  lower_bound: int
-  partitions: list[list[int]]
-
-
-def _sweep(sizes: list[int], starts: list[int], ends: list[int]) -> _Problem:
-  """Compresses time into sections (the live sets just before each death time)."""
-  n = len(sizes)
-  if n == 0:
-    return _Problem([], [], [], [], [], 0, [])
-  times = np.concatenate([np.asarray(ends, dtype=np.int64), np.asarray(starts, dtype=np.int64)])
-  kinds = np.concatenate([np.zeros(n, np.int64), np.ones(n, np.int64)])  # ends sort first
-  order = np.lexsort((kinds, times))
-  kinds, times = kinds[order], times[order]
-  # A new section opens at each distinct death time: the live set just before it.
-  is_end = kinds == 0
-  end_times = times[is_end]
-  new_section = np.zeros(2 * n, bool)
-  new_section[np.flatnonzero(is_end)] = np.concatenate([[True], end_times[1:] != end_times[:-1]])
-  count = np.cumsum(new_section)
-  where = np.empty(2 * n, np.int64)
-  where[order] = count
-  lo, hi = where[n:], where[:n]
-  num_sections = int(count[-1])
-  size_arr = np.asarray(sizes, dtype=np.int64)
-  diff = np.zeros(num_sections + 1, np.int64)
-  np.add.at(diff, lo, size_arr)
-  np.add.at(diff, hi, -size_arr)
-  totals = np.cumsum(diff)[:num_sections]
-  partitions = _partitions(lo, hi, size_arr, num_sections)
-  lengths = [e - s for s, e in zip(starts, ends)]
-  return _Problem(sizes, lengths, lo.tolist(), hi.tolist(), totals.tolist(), int(totals.max()),
-                  partitions)
-
-
-def _partitions(lo, hi, sizes, num_sections) -> list[list[int]]:
-  """Groups buffers (of positive size) into runs of sections that no buffer crosses."""
-  keep = np.flatnonzero(sizes > 0)
-  cover = np.zeros(num_sections + 1, np.int64)  # cover[k]: buffers spanning sections k and k+1
-  np.add.at(cover, lo[keep], 1)
-  np.add.at(cover, hi[keep] - 1, -1)
-  cuts = np.cumsum(cover)[:num_sections] == 0
-  part_of_section = np.concatenate([[0], np.cumsum(cuts)[:-1]])
-  part = part_of_section[lo[keep]]
-  order = np.argsort(part, kind="stable")
-  bounds = np.flatnonzero(np.diff(part[order])) + 1
-  return [g.tolist() for g in np.split(keep[order], bounds)]
-
-
-def _neighbours(lo: list[int], hi: list[int], members: list[int]) -> dict[int, list[int]]:
-  """For each buffer in ``members``, the other members it meets in time."""
-  idx = np.asarray(members, dtype=np.int64)
-  lo_a, hi_a = np.asarray(lo)[idx], np.asarray(hi)[idx]
-  order = np.lexsort((idx, lo_a))
-  idx, lo_a, hi_a = idx[order], lo_a[order], hi_a[order]
-  # Sorted by first section, the buffers starting inside buffer k's range follow it contiguously.
-  stop = np.searchsorted(lo_a, hi_a, side="left")
-  count = stop - np.arange(len(idx)) - 1
-  first = np.repeat(np.arange(len(idx)), count)
-  offset_in_run = np.arange(len(first)) - np.repeat(np.cumsum(count) - count, count)
-  second = first + 1 + offset_in_run
-  a = np.concatenate([idx[first], idx[second]])
-  b = np.concatenate([idx[second], idx[first]])
-  order = np.argsort(a, kind="stable")
-  a, b = a[order], b[order]
-  split = np.searchsorted(a, idx)
-  ends = np.searchsorted(a, idx, side="right")
-  b = b.tolist()
-  return {int(i): b[s:e] for i, s, e in zip(idx.tolist(), split.tolist(), ends.tolist())}
-
-
-# ------------------------------------------------------------------------------------------------
-# Greedy by size, best fit.
-
-
-def _greedy(problem: _Problem) -> list[int]:
-  """Largest first (then longest lived), each into the tightest gap among placed neighbours."""
-  sizes, lo, hi = problem.sizes, problem.lo, problem.hi
-  offsets = [0] * len(sizes)
-  for members in problem.partitions:
-    neighbours = _neighbours(lo, hi, members)
-    order = sorted(members, key=lambda i: (-sizes[i], -problem.lengths[i], i))
-    placed = [False] * len(sizes)
-    for i in order:
-      offsets[i] = _best_fit(sizes[i], [(offsets[j], offsets[j] + sizes[j])
-                                        for j in neighbours[i] if placed[j]])
-      placed[i] = True
-  return offsets
-
-
-def _best_fit(size: int, busy: list[tuple[int, int]]) -> int:
-  """The lowest offset of the smallest free gap of at least ``size`` below or above ``busy``."""
-  busy.sort()
-  best, best_gap, floor = -1, _INF, 0
-  for start, stop in busy:
-    gap = start - floor
-    if size <= gap < best_gap:
-      best, best_gap = floor, gap
-    if stop > floor:
-      floor = stop
-  return floor if best < 0 else best
-
-
-# ------------------------------------------------------------------------------------------------
-# Search.
-
-
-def _improve(problem: _Problem, offsets: list[int], cap: int | None, deadline: float):
-  """Improves the greedy offsets partition by partition: returns (offsets, proven, searched).
-
-  With a capacity, searches for a fit within it. Without one, bisects on the height between the
-  lower bound and the best height found, giving each probe a node budget that grows by rounds,
-  so that one hopeless probe cannot eat the whole time limit.
-  """
-  offsets = list(offsets)
-  searches, floor = [], problem.lower_bound
-  for members in problem.partitions:
-    part_height = max(offsets[i] + problem.sizes[i] for i in members)
-    if len(members) > _SEARCH_MAX_BUFFERS:
-      floor = max(floor, part_height)  # too big to search: it keeps its greedy offsets
-    else:
-      searches.append(_PartitionSearch(problem, members, part_height))
-  searches = [s for s in searches if s.height > floor]
-  if not searches:
-    return offsets, floor == problem.lower_bound, False
-
-  def fit(target: int, node_limit: int | None) -> str:
-    for s in searches:
-      if s.height <= target:
+  def greedy(self) -> None:
+    """The first answer (always complete), then other orders while they are cheap enough."""
+    inst, live = self.inst, self.inst.live
+    keys = greedy.keys(inst)
+    runs = [("skyline", names) for names in greedy.SKYLINE_ORDERS]
+    if len(live) <= greedy.BEST_FIT_MAX_BUFFERS:
+      runs += [("best fit", names) for names in greedy.BEST_FIT_ORDERS]
+    early = len(live) <= greedy.ALWAYS_BEST_FIT
+    first, stacked = greedy.skyline(inst, greedy.preorder(keys, runs[0][1], live),
+                                    self.deadline, finish=True)
+    if stacked:
+      self.method = "stacked"
+    self._offer(first)
+    if early:  # cheap here, and then the first answer is never worse than XLA's greedy
+      order = greedy.preorder(keys, greedy.BEST_FIT_ORDERS[0], live)
+      self._offer(greedy.best_fit(inst, order, math.inf))
+    self.first_seconds = time.perf_counter() - self.t0
+    stop = min(self.deadline, self.t0 + _PORTFOLIO_SHARE * (self.deadline - self.t0))
+    stop = max(stop, self.t0 + 2 * self.first_seconds)  # small instances try every order
+    stop = min(stop, self.deadline)
+    for kind, names in runs[1:]:
+      if self.done() or time.perf_counter() > stop:
+        break
+      if early and names == greedy.BEST_FIT_ORDERS[0]:
         continue
-      result = s.solve(target, node_limit, deadline)
+      order = greedy.preorder(keys, names, live)
+      if kind == "skyline":
+        self._offer((greedy.skyline(inst, order, stop, finish=False) or (None,))[0])
+      else:
+        self._offer(greedy.best_fit(inst, order, stop))
+    self.greedy_height = self.height
+
+  def improve(self) -> None:
+    """Capacity mode: one long probe at the capacity. Otherwise rounds of probes, each round
+    with four times the node budget of the last: first the lower bound (tight capacities prune
+    best, so it is often the quickest to fit), then bisection between it and the best height.
+    Stops early when a round neither improved nor ran out of budget anywhere."""
+    if self.cap is not None:
+      if self.cap >= self.inst.lower_bound:
+        self._probe(self.cap, None)
+      return
+    low = self.inst.lower_bound
+    budget = 4 * min(len(self.inst.live), search.MAX_BUFFERS)
+    while low < self.height and time.perf_counter() < self.deadline:
+      statuses = [self._probe(low, _LOWER_BOUND_SHARE * budget)]
+      if statuses[0] == "proof":
+        low += 1
+        continue
+      soft_low = low + 1
+      for _ in range(_PROBES_PER_ROUND):
+        if soft_low >= self.height or time.perf_counter() > self.deadline:
+          break
+        target = (soft_low + self.height) // 2
+        statuses.append(self._probe(target, budget))
+        if statuses[-1] == "proof":
+          low = target + 1
+        if statuses[-1] != "ok":
+          soft_low = target + 1
+      if "ok" not in statuses and "aborted" not in statuses:
+        break  # nothing a larger budget could change
+      budget *= 4
+    self.proven = low >= self.height
+
+  def _probe(self, target: int, node_limit: int | None) -> str:
+    """Tries to fit everything under ``target``, one independent part at a time.
+
+    Returns "ok", "proof" (impossible), "aborted" (out of nodes or time) or "stuck" (not with
+    this method, whatever the budget). Parts small enough are searched whole, so an exhausted
+    search is a proof. Larger ones re-pack the band of their buffers above some offset, on the
+    floor the buffers below it leave; when the search shows that a band cannot fit on its
+    floor, a band twice as large is tried.
+    """
+    if time.perf_counter() >= self.deadline:
+      return "aborted"
+    self.method = "greedy+search"
+    if self._whole is None:
+      inst = self.inst
+      whole = search.parts(inst.sizes, inst.starts, inst.ends, inst.live,
+                           np.zeros(len(inst.live), np.int64))
+      self._whole = [[p, None] for p in whole]
+    proof = True
+    for entry in self._whole:
+      part = entry[0]
+      if self._part_height(part) <= target:
+        continue
+      if part.searchable:
+        entry[1] = entry[1] or search.Search(part)
+        status = self._fit([(part, entry[1])], target, node_limit)
+      else:
+        proof, status = False, self._fit_bands(part.ids, target, node_limit)
+      if status == "infeasible" and proof:
+        return "proof"
+      if status != "ok":
+        return "stuck" if status == "infeasible" else status
+    return "ok" if self.height <= target else "stuck"
+
+  def _part_height(self, part: search.Part) -> int:
+    return int((self.offsets[part.ids] + self.inst.sizes[part.ids]).max())
+
+  def _fit_bands(self, ids: np.ndarray, target: int, node_limit: int | None) -> str:
+    count = _BAND_START
+    while True:
+      band = self._band(ids, target, count)
+      if band is None:
+        return "stuck"
+      status = self._fit([(p, None) for p in band], target, node_limit)
+      if status != "infeasible":
+        return status
+      count *= 2
+
+  def _fit(self, parts, target: int, node_limit: int | None) -> str:
+    """Searches every part above ``target``: "ok", "infeasible", "aborted" or "stuck" (a part
+    too large to search); keeps what fits."""
+    offsets = self.offsets.copy()
+    for part, solver in parts:
+      if max(o + z for o, z in zip(offsets[part.ids].tolist(), part.size)) <= target:
+        continue
+      if not part.searchable:
+        return "stuck"
+      if solver is None and part.cells * _SECONDS_PER_CELL > self.deadline - time.perf_counter():
+        return "aborted"  # no time left to set its search up
+      result = (solver or search.Search(part)).solve(target, node_limit, self.deadline)
       if isinstance(result, str):
         return result
-      for i, o in result.items():
-        offsets[i] = o
-      s.height = max(offsets[i] + problem.sizes[i] for i in s.members)
+      offsets[part.ids] = result
+    # Each part now lies under target (below the height), so this is never worse.
+    self.offsets, self.height = offsets, self._max_top(offsets)
     return "ok"
 
-  def height() -> int:
-    return max(floor, max(s.height for s in searches))
-
-  if cap is not None:
-    if floor <= cap:
-      fit(cap, None)
-    return offsets, height() == problem.lower_bound, floor <= cap
-  low, budget = floor, 4 * max(len(s.members) for s in searches)
-  while low < height() and time.perf_counter() < deadline:
-    soft_low = low
-    while soft_low < height() and time.perf_counter() < deadline:
-      mid = (soft_low + height()) // 2
-      status = fit(mid, budget)
-      if status == "infeasible":
-        low = mid + 1
-      if status != "ok":
-        soft_low = mid + 1
-    budget *= 4
-  return offsets, low >= height() and floor == problem.lower_bound, True
-
-
-class _Aborted(Exception):
-  """Raised inside the search when its node limit or deadline is reached."""
-
-
-class _PartitionSearch:
-  """MiniMalloc-style search over one partition, with its preorders run round robin."""
-
-  def __init__(self, problem: _Problem, members: list[int], height: int):
-    self.members = members
-    self.height = height
-    self._problem = problem
-    self._orders = None
-
-  def solve(self, cap: int, node_limit: int | None, deadline: float):
-    """Offsets (by buffer) fitting ``cap``, or "infeasible" (proven), or "aborted"."""
-    if self._orders is None:
-      self._orders = [_Dfs(self._problem, self.members, h) for h in _PREORDERS]
-    limit = 2 * len(self.members)
-    while True:
-      for dfs in self._orders:
-        result = dfs.run(cap, limit, deadline)
-        if result != "aborted":
-          return result
-      if time.perf_counter() >= deadline or (node_limit is not None and limit >= node_limit):
-        return "aborted"
-      limit *= 2
-
-
-class _Dfs:
-  """The depth-first search for one partition under one static preorder.
-
-  Buffers are relabelled ``0..m-1`` in preorder, so that the key ``offset << shift | label``
-  orders candidates by offset, then preorder, and names the buffer.
-  """
-
-  def __init__(self, problem: _Problem, members: list[int], heuristic: str):
-    sizes, lo, hi, totals = problem.sizes, problem.lo, problem.hi, problem.totals
-    first = min(lo[i] for i in members)
-    last = max(hi[i] for i in members)
-    widths = {i: problem.lengths[i] for i in members}
-    fullest = {i: max(totals[lo[i]:hi[i]]) for i in members}
-    keys = {"W": widths, "A": {i: widths[i] * sizes[i] for i in members}, "T": fullest,
-            "Z": {i: sizes[i] for i in members}, "C": {i: hi[i] - lo[i] for i in members},
-            "B": {i: (hi[i] - lo[i]) * sizes[i] for i in members}}
-    order = sorted(members, key=lambda i: tuple(-keys[c][i] for c in heuristic) + (i,))
-    label = {b: j for j, b in enumerate(order)}
-    self.heuristic = heuristic
-    self.widths = [widths[b] for b in order]
-    self.spans = [hi[b] - lo[b] for b in order]
-    neighbours = _neighbours(lo, hi, members)
-    self.buffers = order
-    self.size = [sizes[b] for b in order]
-    self.lo = [lo[b] - first for b in order]
-    self.hi = [hi[b] - first for b in order]
-    self.neighbours = [[label[c] for c in neighbours[b]] for b in order]
-    self.totals = totals[first:last]
-    m = len(order)
-    section_members = [[m] for _ in self.totals]  # label m is a sentinel, always unplaced-INF
-    for j in range(m):
-      for s in range(self.lo[j], self.hi[j]):
-        section_members[s].append(j)
-    self.getters = [operator.itemgetter(*ms) for ms in section_members]
-    self.section_members = section_members
-    self.around = [operator.itemgetter(*nb, m, m) for nb in self.neighbours]
-    self.shift = m.bit_length()
-    self.cuts = [0] * len(self.totals)  # cuts[c]: buffers spanning sections c and c + 1
-    for j in range(m):
-      for c in range(self.lo[j], self.hi[j] - 1):
-        self.cuts[c] += 1
-
-  def run(self, cap: int, node_limit: int, deadline: float):
-    """Offsets by buffer, "infeasible" when the search is exhausted, or "aborted".
-
-    The search state lives in flat lists indexed by label or section, changed in place and
-    restored on the way back; this loop is the hot path, hence one long function.
-    """
-    total = list(self.totals)
-    if max(total) > cap:
-      return "infeasible"
-    size, lo, hi, nbrs, getters = self.size, self.lo, self.hi, self.neighbours, self.getters
-    around = self.around
-    m, shift = len(size), self.shift
-    max_size = max(size)
-    mask = (1 << shift) - 1
-    least = [0] * m + [_INF]  # lowest offset each unplaced buffer can take; _INF once placed
-    size_x, lo_x, hi_x = size + [0], lo + [0], hi + [0]
-    widths, heuristic, spans = self.widths, self.heuristic, self.spans
-    cuts = list(self.cuts)
-    nodes = [node_limit]
-    solution = {}
-    failed, solved = set(), {}
-    add = operator.add
-
-    witness = [m] * len(total)  # per section, a buffer that recently had its lowest offset
-    members = self.section_members
-
-    def fits(s, t):
-      """Whether section s's lowest unplaced offset plus its total ``t`` is within cap."""
-      values = getters[s](least)
-      f = min(values)
-      if f + t > cap:
-        return False
-      witness[s] = members[s][values.index(f)]
-      return True
-
-    def group(labels, a, b):
-      """A part of the search: its buffers in preorder, a getter over them, their sizes, and
-      its sections. A buffer's position in ``labels`` is its rank in the canonical order."""
-      pick = operator.itemgetter(*labels, m)
-      return labels, pick, pick(size_x), pick(lo_x), pick(hi_x), a, b
-
-    def preorder(labels):
-      """Re-sorts a new part by the heuristic, with totals as they stand (as MiniMalloc does)."""
-      fields = {"W": widths, "A": [w * z for w, z in zip(widths, size)], "C": spans,
-                "B": [w * z for w, z in zip(spans, size)],
-                "T": [max(total[lo[j]:hi[j]]) if j in labels else 0 for j in range(m)],
-                "Z": size}
-      return sorted(labels, key=lambda j: tuple(-fields[c][j] for c in heuristic) + (j,))
-
-    def solve_part(labels, a, b):
-      """Solves a part from scratch, or recalls how an identical part ended before.
-
-      A part is fully described by its buffers and their lowest offsets (the section totals
-      follow from them), so different paths that leave the same part behind share one answer.
-      """
-      labels.sort()
-      state = (*labels, -1, *[least[j] for j in labels])
-      if state in failed:
-        return False
-      known = solved.get(state)
-      if known is not None:
-        solution.update(known)
-        return True
-      labels = preorder(labels)
-      done = visit(group(labels, a, b), -1, 0)
-      if len(failed) + len(solved) < _MEMO_LIMIT:
-        if done:
-          solved[state] = {j: solution[j] for j in labels}
-        else:
-          failed.add(state)
-      return done
-
-    def decompose(grp, starts):
-      """Solves the parts of ``grp`` that no unplaced buffer connects, one after the other."""
-      labels, a, b = grp[0], grp[5], grp[6]
-      parts = [[] for _ in range(len(starts) + 1)]
-      for j in labels:
-        if least[j] < _INF:
-          parts[bisect.bisect_right(starts, lo[j])].append(j)
-      bounds = [a] + starts + [b]
-      return all(solve_part(p, bounds[q], bounds[q + 1]) for q, p in enumerate(parts) if p)
-
-    def visit(grp, parent_key, parent_offset):
-      who, pick, sizes_here, los, his, group_lo, group_hi = grp
-      lows = pick(least)
-      min_top = min(map(add, lows, sizes_here))
-      if min_top >= _INF:
-        return True
-      # Monotonic floor: every buffer left goes at or above the one placed now, so a section
-      # holding ``t`` units still to place after this buffer needs ``o + t <= cap``. Placing
-      # buffer j only lowers j's own sections, by size[j]: above offset ``room`` a candidate
-      # must cover the fullest section, and above ``room + max_size`` none passes.
-      peak = max(total[group_lo:group_hi])
-      room = cap - peak
-      free = max(room, parent_offset)
-      stop = max(parent_offset, room + max_size) + 1
-      if min_top < stop:
-        stop = min_top  # dominance: nothing at or above the lowest top an unplaced buffer has
-      fullest = total.index(peak, group_lo, group_hi)
-      # Canonical order: candidates by (lowest offset, rank), after the parent's.
-      candidates = sorted([x << shift | r for r, x in enumerate(lows) if x < stop and (
-          x <= free or los[r] <= fullest < his[r])])
-      if parent_key >= 0:
-        candidates = candidates[bisect.bisect_right(candidates, parent_key):]
-      for k in candidates:
-        j = who[k & mask]
-        o = k >> shift
-        sz = size[j]
-        a, b = lo[j], hi[j]
-        if o != parent_offset:
-          if o > room + sz:
-            continue
-          mx = max(total[a:b])
-          if o + mx > cap:
-            continue
-          if o > room and o + max(mx - sz, max(total[group_lo:a], default=0),
-                                  max(total[b:group_hi], default=0)) > cap:
-            continue
-        elif o + max(total[a:b]) > cap:
-          continue
-        nodes[0] -= 1
-        if not nodes[0] & 1023:
-          if nodes[0] <= 0 or time.perf_counter() > deadline:
-            raise _Aborted
-        top = o + sz
-        least[j] = _INF
-        changed = [i for i in nbrs[j] if least[i] < top]
-        olds = [least[i] for i in changed]
-        for i in changed:
-          least[i] = top
-        old_total = total[a:b]
-        total[a:b] = [t - sz for t in old_total]
-        done = False
-        ok = True
-        # Section inference: whatever is still to place in a section goes above the lowest
-        # offset its buffers can take. A raised neighbour caps that at top in its own sections,
-        # and j's sections hold at most cap - top (checked above), so of the run of sections
-        # the raised neighbours span, only the flanks beyond j's can fail; the fullest section
-        # of each flank is the likeliest to, so it goes first.
-        if changed:
-          spare = cap - top
-          left = min(map(lo.__getitem__, changed))
-          right = max(map(hi.__getitem__, changed))
-          for x, y in ((left, a), (b, right)):
-            if x < y:
-              t = max(total[x:y])
-              if t > spare:
-                s = total.index(t, x, y)
-                if least[witness[s]] + t > cap and not fits(s, t):
-                  ok = False
-                  break
-                for s in range(x, y):
-                  t = total[s]
-                  if t > spare and least[witness[s]] + t > cap and not fits(s, t):
-                    ok = False
-                    break
-                if not ok:
-                  break
-        if ok:
-          # In j's own sections everything left goes at or above top.
-          for s in range(a, b):
-            t = total[s]
-            if t and least[witness[s]] + t > cap and not fits(s, t):
-              ok = False
-              break
-        if ok:
-          starts = []
-          for c in range(a, b - 1):
-            cuts[c] -= 1
-            if not cuts[c]:
-              starts.append(c + 1)
-          done = decompose(grp, starts) if starts else visit(grp, k, o)
-          for c in range(a, b - 1):
-            cuts[c] += 1
-        for i, v in zip(changed, olds):
-          least[i] = v
-        total[a:b] = old_total
-        least[j] = o
-        if done:
-          solution[j] = o
-          return True
-        if min(around[j](least)) >= _INF:
-          # Nothing unplaced touches j, so j goes here in every completion: no sibling can work.
-          return False
-      return False
-
-    old_limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old_limit, 4 * m + 100))
-    try:
-      if not visit(group(list(range(m)), 0, len(total)), -1, 0):
-        return "infeasible"
-    except _Aborted:
-      return "aborted"
-    finally:
-      sys.setrecursionlimit(old_limit)
-    return {b: solution[j] for j, b in enumerate(self.buffers)}
+  def _band(self, ids: np.ndarray, target: int, count: int):
+    """The parts of the band of at least ``count`` of the buffers ``ids``, including every one
+    that reaches above ``target``, each with its floor; ``None`` if too large to search."""
+    inst = self.inst
+    offsets = self.offsets[ids]
+    tops = offsets + inst.sizes[ids]
+    ranked = np.sort(offsets)[::-1]
+    highest = int(offsets[tops > target].min())
+    count = max(count, int(np.searchsorted(-ranked, -highest, side="right")))
+    if count > search.MAX_BUFFERS or count > 2 * len(ids):
+      return None
+    level = int(ranked[min(count, len(ranked)) - 1])
+    band = ids[offsets >= level]
+    crossing = ids[(offsets < level) & (tops > level)]
+    floor = np.full(inst.num_sections, level, np.int64)
+    # At most one buffer crosses ``level`` in each section, so these cells are distinct.
+    cells, owner = sweep.cells(inst.a[crossing], inst.b[crossing])
+    floor[cells] = self.offsets[crossing][owner] + inst.sizes[crossing][owner]
+    lowest = sweep.range_max(floor, inst.a[band], inst.b[band])
+    return search.parts(inst.sizes, inst.starts, inst.ends, band, lowest)

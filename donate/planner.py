@@ -57,7 +57,8 @@ def plan_memory(fun: Callable[..., Any], *args: Any, strict: bool = False, align
     *args: arrays or `jax.ShapeDtypeStruct`s (any pytree of them); nothing is executed.
     strict: raise `donate.DonationError` instead of copying comm buffers out (or in).
     alignment: every offset is a multiple of this many bytes.
-    time_limit: seconds each pool's offset search may take beyond the greedy first answer.
+    time_limit: seconds each pool's offset assignment may take (a deadline: the best packing
+      found by then is used; fast greedy packings come first, then the search).
     inplace: let an elementwise result take over a same-sized regular operand dying at that step.
     donate_argnums: positional arguments whose buffers the program may free after their last
       use (in-function `donate.donate_buffer` marks count too).
