@@ -15,7 +15,7 @@ plans every leaf (`_plan.make_plan`). Then one of two things runs the call:
   the planned `tf.aliasing_output` attributes.
 
 Either way, compiling reads the compiled module's `input_output_alias` and the memory figures into
-the plan before anything runs. The gate's and the inner jit's traced functions raise `_Replan`
+the plan before anything runs. The gate's and the inner jit's traced functions raise `_gate.Replan`
 unless donate's slow path opened them, so a signature donate has not planned never runs unplanned:
 cached calls go straight to `jax.jit`'s C++ dispatch, and a new signature falls back here.
 """
@@ -26,21 +26,21 @@ import dataclasses
 import functools
 import inspect
 import os
-import re
 import sys
 import threading
 import types
 import warnings
-import weakref
 from typing import Any, Callable
 
 import jax
 from jax import tree_util
 
 from donate import _binding
+from donate import _compiled
 from donate import _copies
 from donate import _dataflow
 from donate import _errors
+from donate import _gate
 from donate import _jax_private
 from donate import _plan
 from donate import _stages
@@ -49,82 +49,6 @@ from donate._primitives import donate_buffer_p
 
 
 _trace_state_clean = _jax_private.trace_state_clean
-
-
-class _Replan(Exception):
-  """Raised inside a gated trace when the call must take the slow path (never escapes)."""
-
-
-class _Gate:
-  """A per-function, per-thread switch: traces of the wrapped function run only while it is open."""
-
-  def __init__(self):
-    self._local = threading.local()
-
-  @property
-  def is_open(self) -> bool:
-    return getattr(self._local, "depth", 0) > 0
-
-  def __enter__(self):
-    self._local.depth = getattr(self._local, "depth", 0) + 1
-
-  def __exit__(self, *exc):
-    self._local.depth -= 1
-
-
-class _Gated:
-  """The user's function as `jax.jit` sees it: it traces only while a donate slow path opens its gate.
-
-  One per user function, holding the function weakly (like `jax.jit`'s own caches), so every
-  `donate.jit` of the same function shares `jax.jit`'s global trace, lowering and compile caches:
-  `donate.jit(f)(x)` written inline in a loop compiles once, as `jax.jit(f)(x)` does.
-  `__wrapped__` leads `inspect.signature` and JAX's source information to the user's function.
-  """
-
-  def __init__(self, fun):
-    try:
-      self._ref = weakref.ref(fun)
-      self.strong = False
-    except TypeError:  # cannot be referenced weakly: held, and run as jax.jit runs it
-      self._ref = lambda: fun
-      self.strong = True
-    self.gate = _Gate()
-    self.trace_count = 0  # how many times the user function was traced (for tests)
-    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
-      if hasattr(fun, name):
-        setattr(self, name, getattr(fun, name))
-
-  @property
-  def __wrapped__(self):
-    return self._ref()
-
-  def __repr__(self) -> str:
-    return repr(self._ref())
-
-  def __call__(self, *args, **kwargs):
-    if not self.gate.is_open:
-      raise _Replan()
-    self.trace_count += 1
-    return self._ref()(*args, **kwargs)
-
-
-_GATED: "weakref.WeakKeyDictionary[Any, _Gated]" = weakref.WeakKeyDictionary()
-_GATED_LOCK = threading.Lock()
-
-
-def _gated_for(fun) -> _Gated:
-  with _GATED_LOCK:
-    try:
-      gated = _GATED.get(fun)
-    except TypeError:  # not hashable or not weakly referenceable: one of its own
-      return _Gated(fun)
-    if gated is None:
-      gated = _Gated(fun)
-      try:
-        _GATED[fun] = gated
-      except TypeError:
-        pass
-    return gated
 
 
 @dataclasses.dataclass(eq=False)
@@ -204,7 +128,7 @@ class JitWrapped:
     try:
       self._plain = jax.jit(fun, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
                             **jit_kwargs)
-      gated = self._gated = _gated_for(fun)
+      gated = self._gated = _gate.gated_for(fun)
       self._jitted = jax.jit(gated, donate_argnums=donate_argnums,
                              donate_argnames=donate_argnames, **jit_kwargs)
     except (ValueError, TypeError) as e:
@@ -226,7 +150,7 @@ class JitWrapped:
     self._fast: dict[Any, Prepared] = {}
     self._prepared: dict[Any, Prepared] = {}
     self._lock = threading.RLock()
-    self._plans = _Plans(self)  # cleared with JAX's caches (jax.clear_caches())
+    self._plans = _gate.Plans(self)  # cleared with JAX's caches (jax.clear_caches())
 
   @property
   def trace_count(self) -> int:
@@ -244,7 +168,7 @@ class JitWrapped:
           prep = self._fast.get(call.key)
           if prep is not None:
             return prep.run(args, kwargs, call.leaves)
-      except _Replan:
+      except _gate.Replan:
         pass
       except (jax.errors.JaxRuntimeError, ValueError) as e:
         if "donate" in str(e):  # the runtime refused a buffer given twice: name both leaves
@@ -370,7 +294,7 @@ class JitWrapped:
 
     def replay(*leaves):
       if not gate.is_open:
-        raise _Replan()
+        raise _gate.Replan()
       outs = jax.core.eval_jaxpr(jaxpr, consts, *leaves)
       return [outs[j] for j in order] if order is not None else list(outs)
 
@@ -422,7 +346,7 @@ class JitWrapped:
       if device_assignment is not None:
         kwargs["device_assignment"] = device_assignment
       compiled = lowered.compile(**kwargs)
-      plan = _realize(prep, lowered, compiled, self._copy_threshold)
+      plan = _compiled.realize(prep, lowered, compiled, self._copy_threshold)
       explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
       if explicit or (self._strict and len(plan.unusable) > len(prep.plan.unusable)):
         raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
@@ -501,27 +425,6 @@ def _restore(fun, kwargs):
   return jit(fun, **kwargs)
 
 
-class _Plans:
-  """A `JitWrapped`'s plans, as JAX's cache registry sees them: `jax.clear_caches()` forgets them."""
-
-  def __init__(self, wrapped):
-    self._ref = weakref.ref(wrapped)
-    _jax_private.register_cache(self, f"donate.jit plans of {wrapped._name}")
-
-  def cache_clear(self):
-    wrapped = self._ref()
-    if wrapped is not None:
-      wrapped._forget()
-
-  def cache_info(self):
-    wrapped = self._ref()
-    return len(wrapped._prepared) if wrapped is not None else 0
-
-  def cache_keys(self):
-    wrapped = self._ref()
-    return list(wrapped._prepared) if wrapped is not None else []
-
-
 def _keyword_error(name: str, fun, error: Exception) -> Exception:
   """`jax.jit`'s error for a bad keyword, as a DonationError of the same type naming the function."""
   if "unexpected keyword argument" in str(error):
@@ -594,86 +497,6 @@ def _check_duplicates(prep: Prepared, call: _binding.Call, plan: _plan.DonationP
             f"once as {d[i].path}, and at least one is donated", expected="distinct buffers",
             got="one buffer in two places",
             fix="pass a copy (x.copy()) in one place or do not donate it"))
-
-
-def _realize(prep: Prepared, lowered, compiled, copy_threshold: int) -> _plan.DonationPlan:
-  """The plan with the aliases the compiled program really has, its memory figures and the
-  copies XLA added."""
-  kept, n_consts = _jax_private.lowered_kept_leaves(lowered)
-  n_params = _main_param_count(lowered)
-  offset = n_params - len(kept)  # effect tokens and hoisted constants come first
-  n_out_tokens = offset - n_consts
-  order = None if prep.native else prep.inner.out_order
-  text = compiled.as_text()
-  paths = [d.path for d in prep.plan.decisions]
-  prep.in_paths = (["<effect token>"] * n_out_tokens + ["<constant>"] * n_consts
-                   + [paths[i] for i in kept])
-  copies = _copies_of(prep, text, copy_threshold)
-  realized = {}
-  for param, out in _realized_aliases(text).items():
-    if param < offset:
-      continue
-    k = out - n_out_tokens
-    realized[kept[param - offset]] = order[k] if order is not None else k
-  shardings = _sharding_differences(prep, compiled, realized)
-  plan = prep.plan.realize(realized, _plan.MemoryStats.from_compiled(compiled), shardings)
-  placements = None
-  if prep.placement is not None:  # a GPU target with marked values: where did they land?
-    placements = _symm.placement_report(text, prep.comm)
-  return dataclasses.replace(plan, copies=copies, copy_threshold=copy_threshold,
-                             placements=placements)
-
-
-def _copies_of(prep: Prepared, compiled_or_text, threshold: int) -> tuple:
-  """The copies XLA added to a compiled signature, its parameters named by the user's paths."""
-  text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
-  return _copies.find_copies(text, in_paths=prep.in_paths, threshold=threshold,
-                             jaxpr=prep.traced.jaxpr)
-
-
-def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]]:
-  """For planned aliases XLA did not make: the compiled input and output shardings, if they differ."""
-  missing = [i for i, d in enumerate(prep.plan.decisions)
-             if d.action == _plan.ALIASED and i not in realized]
-  if not missing:
-    return {}
-  ins = tree_util.tree_leaves(compiled.input_shardings)
-  outs = tree_util.tree_leaves(compiled.output_shardings)
-  if prep.inner is not None and prep.inner.out_order is not None:
-    user = [None] * len(outs)
-    for k, j in enumerate(prep.inner.out_order):
-      user[j] = outs[k]
-    outs = user
-  pairs = prep.plan.pairs()
-  result = {}
-  for i in missing:
-    a, b = (ins[i] if i < len(ins) else None), outs[pairs[i]]
-    if a is not None and b is not None and not a.is_equivalent_to(
-        b, len(prep.plan.decisions[i].shape)):
-      result[i] = (_plan.sharding_str(a), _plan.sharding_str(b))
-  return result
-
-
-def _main_param_count(lowered) -> int:
-  for op in lowered.compiler_ir("stablehlo").body.operations:
-    if getattr(op, "sym_name", None) is not None and op.sym_name.value == "main":
-      return len(op.regions[0].blocks[0].arguments)
-  return 0
-
-
-def _realized_aliases(compiled_text: str) -> dict[int, int]:
-  """Parses `input_output_alias={ {out}: (param, {}, kind), ... }` into {param: out}."""
-  start = compiled_text.find("input_output_alias={")
-  if start < 0:
-    return {}
-  section = compiled_text[start:compiled_text.find("\n", start)]
-  out = {}
-  for out_index, param in _ALIAS_RE.findall(section):
-    out[int(param)] = int(out_index.split(",")[0]) if out_index.strip() else 0
-  return out
-
-
-_ALIAS_RE = re.compile(r"\{([\d,\s]*)\}:\s*\((\d+),\s*\{[^}]*\},\s*[\w-]+\)")
 
 
 def _user_stacklevel() -> int:

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 from jax import tree_util
 
+from donate import _compiled
 from donate import _errors
 
 
@@ -199,8 +200,7 @@ class Compiled(_Stage):
     """
     if threshold is None or threshold == self._plan.copy_threshold:
       return self._plan.copies
-    from donate import _jit  # noqa: PLC0415 - _jit imports this module
-    return _jit._copies_of(self._prep, self._jax, threshold)
+    return _compiled.copies_of(self._prep, self._jax, threshold)
 
   def cost_analysis(self):
     return self._jax.cost_analysis()

@@ -1,0 +1,94 @@
+"""Reading a compiled program back into the plan: the aliases XLA made, its memory figures, the
+copies it added, and where marked values landed on a GPU target."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from jax import tree_util
+
+from donate import _copies
+from donate import _jax_private
+from donate import _plan
+from donate import _symm
+
+
+def realize(prep, lowered, compiled, copy_threshold: int) -> _plan.DonationPlan:
+  """The plan with the aliases the compiled program really has, its memory figures and the
+  copies XLA added."""
+  kept, n_consts = _jax_private.lowered_kept_leaves(lowered)
+  n_params = _main_param_count(lowered)
+  offset = n_params - len(kept)  # effect tokens and hoisted constants come first
+  n_out_tokens = offset - n_consts
+  order = None if prep.native else prep.inner.out_order
+  text = compiled.as_text()
+  paths = [d.path for d in prep.plan.decisions]
+  prep.in_paths = (["<effect token>"] * n_out_tokens + ["<constant>"] * n_consts
+                   + [paths[i] for i in kept])
+  copies = copies_of(prep, text, copy_threshold)
+  realized = {}
+  for param, out in _realized_aliases(text).items():
+    if param < offset:
+      continue
+    k = out - n_out_tokens
+    realized[kept[param - offset]] = order[k] if order is not None else k
+  shardings = _sharding_differences(prep, compiled, realized)
+  plan = prep.plan.realize(realized, _plan.MemoryStats.from_compiled(compiled), shardings)
+  placements = None
+  if prep.placement is not None:  # a GPU target with marked values: where did they land?
+    placements = _symm.placement_report(text, prep.comm)
+  return dataclasses.replace(plan, copies=copies, copy_threshold=copy_threshold,
+                             placements=placements)
+
+
+def copies_of(prep, compiled_or_text, threshold: int) -> tuple:
+  """The copies XLA added to a compiled signature, its parameters named by the user's paths."""
+  text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
+  return _copies.find_copies(text, in_paths=prep.in_paths, threshold=threshold,
+                             jaxpr=prep.traced.jaxpr)
+
+
+def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]]:
+  """For planned aliases XLA did not make: the compiled input and output shardings, if they differ."""
+  missing = [i for i, d in enumerate(prep.plan.decisions)
+             if d.action == _plan.ALIASED and i not in realized]
+  if not missing:
+    return {}
+  ins = tree_util.tree_leaves(compiled.input_shardings)
+  outs = tree_util.tree_leaves(compiled.output_shardings)
+  if prep.inner is not None and prep.inner.out_order is not None:
+    user = [None] * len(outs)
+    for k, j in enumerate(prep.inner.out_order):
+      user[j] = outs[k]
+    outs = user
+  pairs = prep.plan.pairs()
+  result = {}
+  for i in missing:
+    a, b = (ins[i] if i < len(ins) else None), outs[pairs[i]]
+    if a is not None and b is not None and not a.is_equivalent_to(
+        b, len(prep.plan.decisions[i].shape)):
+      result[i] = (_plan.sharding_str(a), _plan.sharding_str(b))
+  return result
+
+
+def _main_param_count(lowered) -> int:
+  for op in lowered.compiler_ir("stablehlo").body.operations:
+    if getattr(op, "sym_name", None) is not None and op.sym_name.value == "main":
+      return len(op.regions[0].blocks[0].arguments)
+  return 0
+
+
+def _realized_aliases(compiled_text: str) -> dict[int, int]:
+  """Parses `input_output_alias={ {out}: (param, {}, kind), ... }` into {param: out}."""
+  start = compiled_text.find("input_output_alias={")
+  if start < 0:
+    return {}
+  section = compiled_text[start:compiled_text.find("\n", start)]
+  out = {}
+  for out_index, param in _ALIAS_RE.findall(section):
+    out[int(param)] = int(out_index.split(",")[0]) if out_index.strip() else 0
+  return out
+
+
+_ALIAS_RE = re.compile(r"\{([\d,\s]*)\}:\s*\((\d+),\s*\{[^}]*\},\s*[\w-]+\)")
