@@ -23,7 +23,7 @@ from jax.extend import core as jcore
 from donate import _errors
 from donate import _jax_private
 from donate._jaxprs import open_jaxpr, scan_layout
-from donate._primitives import alias_p, donate_buffer_p
+from donate._primitives import alias_p, donate_buffer_p, is_donate_jit
 
 EXPLICIT = 9  # an explicit `alias`: survives any chain
 IDENTITY = 6  # the output is the input buffer itself
@@ -54,7 +54,8 @@ class Annotation:
   """One annotation found in the program.
 
   Attributes:
-    kind: "donate_buffer", "alias" or "inner_jit".
+    kind: "donate_buffer", "alias", "donate_jit" (an inner `donate.jit` call) or "inner_jit"
+      (an inner plain `jax.jit` call).
     where: the user's source line.
     origin: index of the outer input leaf it resolves to, or None (intermediate or constant).
     dst_origin: for "alias", the input leaf `dst` is, if it is one (an error: inputs cannot alias).
@@ -174,7 +175,8 @@ class _Walker:
       where = _jax_private.source_line(eqn.source_info)
       for d, (o, _) in zip(donated, ins):
         if d:
-          self.annotations.append(Annotation("inner_jit", where, o))
+          kind = "donate_jit" if is_donate_jit(eqn.params.get("jaxpr")) else "inner_jit"
+          self.annotations.append(Annotation(kind, where, o))
     for key in _CALL_PARAMS:
       sub = open_jaxpr(eqn.params.get(key))
       if sub is not None and len(sub.invars) == len(ins):

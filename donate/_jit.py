@@ -46,6 +46,7 @@ from donate import _plan
 from donate import _stages
 from donate import _symm
 from donate._primitives import donate_buffer_p
+from donate._primitives import remember_donate_jit
 
 
 _trace_state_clean = _jax_private.trace_state_clean
@@ -159,22 +160,21 @@ class JitWrapped:
 
   # ---- calling ---------------------------------------------------------------------------------
   def __call__(self, *args, **kwargs):
-    if _trace_state_clean():
-      try:
-        if self._native_only:  # jax.jit's own C++ dispatch, nothing in between
-          return self._jitted(*args, **kwargs) if kwargs else self._jitted(*args)
-        if self._fast:
-          call = self._binding.bind(args, kwargs)
-          prep = self._fast.get(call.key)
-          if prep is not None:
-            return prep.run(args, kwargs, call.leaves)
-      except _gate.Replan:
-        pass
-      except (jax.errors.JaxRuntimeError, ValueError) as e:
-        if "donate" in str(e):  # the runtime refused a buffer given twice: name both leaves
-          prep, call = self._prepare(args, kwargs)
-          _check_duplicates(prep, call)
-        raise
+    try:  # inside another trace too: a cache hit there carries the donation (see _primitives)
+      if self._native_only:  # jax.jit's own C++ dispatch, nothing in between
+        return self._jitted(*args, **kwargs) if kwargs else self._jitted(*args)
+      if self._fast:
+        call = self._binding.bind(args, kwargs)
+        prep = self._fast.get(call.key)
+        if prep is not None:
+          return prep.run(args, kwargs, call.leaves)
+    except _gate.Replan:
+      pass
+    except (jax.errors.JaxRuntimeError, ValueError) as e:
+      if "donate" in str(e) and _trace_state_clean():  # a buffer given twice: name both leaves
+        prep, call = self._prepare(args, kwargs)
+        _check_duplicates(prep, call)
+      raise
     return self._call_slow(args, kwargs)
 
   def _call_slow(self, args, kwargs):
@@ -213,7 +213,9 @@ class JitWrapped:
       return self._plain.trace(*args, **kwargs)
     with self._gate, warnings.catch_warnings():
       warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
-      return self._jitted.trace(*args, **kwargs)
+      traced = self._jitted.trace(*args, **kwargs)
+    remember_donate_jit(traced.jaxpr)
+    return traced
 
   def _prepare(self, args, kwargs) -> tuple[Prepared, _binding.Call]:
     """Traces (through jax.jit) and plans this call; lowers and compiles nothing yet."""
@@ -324,7 +326,9 @@ class JitWrapped:
         if prep.native:
           lowered = prep.traced.lower(**lower_kwargs)
         else:
-          lowered = prep.inner.jitted.trace(*call.leaves).lower(**lower_kwargs)
+          inner_traced = prep.inner.jitted.trace(*call.leaves)
+          remember_donate_jit(inner_traced.jaxpr)
+          lowered = inner_traced.lower(**lower_kwargs)
       if lower_kwargs:
         return lowered
       if prep.plan.unusable:

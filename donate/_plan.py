@@ -413,7 +413,8 @@ def _check(leaves: Sequence[LeafInfo], flow: _dataflow.Dataflow,
   return problems
 
 
-_WORDS = {"donate_buffer": "donate_buffer", "alias": "alias", "inner_jit": "inner jit donation"}
+_WORDS = {"donate_buffer": "donate_buffer", "alias": "alias", "inner_jit": "inner jit donation",
+          "donate_jit": "inner donate.jit"}
 
 
 def _requests(requested: dict[int, str], flow: _dataflow.Dataflow,

@@ -9,6 +9,7 @@ turns the intent into buffer donors and input/output aliases on the outermost mo
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import jax
 from jax.extend.core import Primitive
@@ -18,6 +19,24 @@ from donate import _errors
 from donate import _jax_private
 
 _tokens = itertools.count()
+
+# The jaxprs of `donate.jit` functions (as `jax.jit` traced them). A call of one inside another
+# trace that `jax.jit` serves from its cache carries its donation in the call's `donated_invars`
+# instead of `donate_buffer` markers: an enclosing `donate.jit` honours it as its own marker.
+_donate_jit_jaxprs: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def remember_donate_jit(closed_jaxpr) -> None:
+  """Records a jaxpr traced for a `donate.jit` function."""
+  _donate_jit_jaxprs.add(closed_jaxpr)
+
+
+def is_donate_jit(closed_jaxpr) -> bool:
+  """Whether a call's jaxpr is one traced for a `donate.jit` function."""
+  try:
+    return closed_jaxpr in _donate_jit_jaxprs
+  except TypeError:  # not weakly referenceable: not one of ours
+    return False
 
 donate_buffer_p = Primitive("donate_buffer")
 alias_p = Primitive("donate_alias")

@@ -283,3 +283,19 @@ def test_slices_are_written_straight_into_the_preallocated_output(fill):
   slice_bytes = width * 4
   assert plan.memory.temp < 2 * slice_bytes  # not a second full [T, D] output
   assert plan.memory.alias == T * slice_bytes
+
+
+def test_an_inner_donate_jit_already_compiled_at_the_top_level_is_honoured_inside():
+  inner = donate.jit(lambda b: b * 3, donate_argnums=0)
+  inner(fresh())  # traced and cached at the top level: the nested call below is a cache hit
+  g = donate.jit(lambda a, b: (a + 1, inner(b)))
+  a, b = fresh(), fresh()
+  pb = b.unsafe_buffer_pointer()
+  x, y = g(a, b)
+  assert not a.is_deleted() and b.is_deleted() and y.unsafe_buffer_pointer() == pb
+  sources = [d.source for d in g.plan(fresh(), fresh()).decisions]
+  assert sources[0] == "-" and sources[1].startswith(("inner donate.jit at ", "donate_buffer at "))
+  h = jax.jit(lambda a, b: (a + 1, inner(b)))  # under plain jax.jit: ignored, as jax.jit does
+  a, b = fresh(), fresh()
+  h(a, b)
+  assert not a.is_deleted() and not b.is_deleted()
