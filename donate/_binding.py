@@ -126,7 +126,7 @@ def leaf_info(path: str, x) -> _plan.LeafInfo:
   """The planner's facts about one leaf: device buffer, abstract value or host value."""
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
     kind = _plan.DEVICE
-  elif isinstance(x, jax.ShapeDtypeStruct):
+  elif isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
     kind = _plan.ABSTRACT
   else:
     kind = _plan.HOST
@@ -148,6 +148,6 @@ def meta_key(x) -> tuple:
   """What, beyond the traced avals, decides a leaf's plan and lowering (as `jax.jit`'s MetaTy)."""
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
     return (_plan.DEVICE, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
-  if isinstance(x, jax.ShapeDtypeStruct):
-    return (_plan.ABSTRACT, x.sharding)
+  if isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
+    return (_plan.ABSTRACT, getattr(x, "sharding", None))
   return (_plan.HOST, type(x))

@@ -23,16 +23,19 @@ def realize(prep, lowered, compiled, copy_threshold: int) -> _plan.DonationPlan:
   n_out_tokens = offset - n_consts
   order = None if prep.native else prep.inner.out_order
   text = compiled.as_text()
+  # `kept` counts the traced constants (closed-over tracers) ahead of the argument leaves.
+  n_traced = _jax_private.traced_num_consts(prep.traced)
+  leaf = [k - n_traced if k >= n_traced else None for k in kept]
   paths = [d.path for d in prep.plan.decisions]
   prep.in_paths = (["<effect token>"] * n_out_tokens + ["<constant>"] * n_consts
-                   + [paths[i] for i in kept])
+                   + [paths[i] if i is not None else "<constant>" for i in leaf])
   copies = copies_of(prep, text, copy_threshold)
   realized = {}
   for param, out in _realized_aliases(text).items():
-    if param < offset:
+    if param < offset or leaf[param - offset] is None:
       continue
     k = out - n_out_tokens
-    realized[kept[param - offset]] = order[k] if order is not None else k
+    realized[leaf[param - offset]] = order[k] if order is not None else k
   shardings = _sharding_differences(prep, compiled, realized)
   plan = prep.plan.realize(realized, _plan.MemoryStats.from_compiled(compiled), shardings)
   placements = None

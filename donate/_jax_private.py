@@ -127,3 +127,13 @@ from jax._src import xla_bridge as _xla_bridge
 def backends_are_initialized() -> bool:
   """True once JAX has started a backend (XLA_FLAGS changes are then ignored)."""
   return bool(_xla_bridge.backends_are_initialized())
+
+
+# Tracebacks: JAX hides its own frames from the tracebacks users see; donate's frames between the
+# user's call and JAX's are hidden the same way. No public API registers a path for that.
+from jax._src import traceback_util as _traceback_util
+
+
+def hide_from_tracebacks(path: str) -> None:
+  """Hides frames from files under `path` in JAX's filtered tracebacks, as JAX's own are."""
+  _traceback_util.register_exclusion(path)

@@ -50,6 +50,7 @@ from donate._primitives import remember_donate_jit
 
 
 _trace_state_clean = _jax_private.trace_state_clean
+_jax_private.hide_from_tracebacks(os.path.dirname(os.path.abspath(__file__)) + os.sep)
 
 
 @dataclasses.dataclass(eq=False)
@@ -121,6 +122,9 @@ class JitWrapped:
                copy_threshold: int = 65536, symmetric_placement: bool = True):
     if not callable(fun):
       raise TypeError(f"Expected a callable value, got {fun!r}")
+    # Like jax.jit: the function's name, docs and attributes first (a function made by jax.grad
+    # of a donate.jit function carries that one's attributes), then donate's own on top.
+    functools.update_wrapper(self, fun)
     jit_kwargs = dict(jit_kwargs or {})
     self._fun = fun
     self._name = _fun_name(fun)
@@ -137,7 +141,6 @@ class JitWrapped:
     self._gate = gated.gate
     # A function JAX cannot reference weakly gets exactly jax.jit's behaviour, whatever it is.
     self._plain_only = gated.strong
-    functools.update_wrapper(self, fun)
     self._strict_arg = strict
     self._strict, self._strict_copies = _strict_modes(strict)
     self._copy_threshold = int(copy_threshold)

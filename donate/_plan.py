@@ -556,15 +556,20 @@ def sharding_str(sharding) -> str:
   """
   if sharding is None:
     return "host"
-  devices = getattr(sharding, "device_set", None)
   spec = getattr(sharding, "spec", None)
-  if spec is not None:
-    text = "P(" + ", ".join(repr(p) for p in spec) + ")"
-  elif devices is not None and len(devices) == 1:
-    d = next(iter(devices))
-    text = f"{d.platform}:{d.id}"
+  if spec is not None:  # str() spells unreduced / reduced axes too
+    text = str(spec)
+    text = "P" + text[len("PartitionSpec"):] if text.startswith("PartitionSpec") else text
   else:
-    text = type(sharding).__name__
+    try:
+      devices = sharding.device_set
+    except Exception:  # an abstract mesh has no devices
+      devices = None
+    if devices is not None and len(devices) == 1:
+      d = next(iter(devices))
+      text = f"{d.platform}:{d.id}"
+    else:
+      text = type(sharding).__name__
   kind = getattr(sharding, "memory_kind", None)
   if kind not in (None, "device"):
     text += f"@{kind}"

@@ -18,6 +18,11 @@ from donate import _compiled
 from donate import _errors
 
 
+def _inputs_flat(tree) -> list:
+  """The flat inputs of the re-laid-out computation, whose arguments are `((leaves...), {})`."""
+  return list(tree[0]) if isinstance(tree, tuple) and len(tree) == 2 else list(tree)
+
+
 class _Stage:
   """The members shared by the three stages, answered in the user's pytrees."""
 
@@ -50,7 +55,9 @@ class _Stage:
 
   @property
   def in_avals(self):
-    return self._prep.traced.in_avals
+    if self._native or isinstance(self, Traced):
+      return self._jax.in_avals
+    return tree_util.tree_unflatten(self.in_tree, _inputs_flat(self._jax.in_avals))
 
   @property
   def donate_argnums(self) -> tuple[int, ...]:
@@ -211,20 +218,17 @@ class Compiled(_Stage):
   def runtime_executable(self):
     return self._jax.runtime_executable()
 
-  def _inputs_flat(self, tree):
-    return list(tree[0]) if isinstance(tree, tuple) and len(tree) == 2 else list(tree)
-
   @property
   def input_shardings(self):
     if self._native:
       return self._jax.input_shardings
-    return tree_util.tree_unflatten(self.in_tree, self._inputs_flat(self._jax.input_shardings))
+    return tree_util.tree_unflatten(self.in_tree, _inputs_flat(self._jax.input_shardings))
 
   @property
   def input_formats(self):
     if self._native:
       return self._jax.input_formats
-    return tree_util.tree_unflatten(self.in_tree, self._inputs_flat(self._jax.input_formats))
+    return tree_util.tree_unflatten(self.in_tree, _inputs_flat(self._jax.input_formats))
 
   @property
   def output_shardings(self):

@@ -427,3 +427,35 @@ def test_lowered_and_compiled_report_the_donated_argnums(jit):
   f = jit(lambda *args: args[0] + 4.0, donate_argnums=(0,))
   lowered = f.lower(1.0, 1.0)
   assert lowered.donate_argnums == lowered.compile().donate_argnums == (0,)
+
+
+# ---- transformations around and inside donate.jit --------------------------------------------
+
+@JITS
+def test_transformations_of_an_inner_jit_inside_an_outer_one(jit):
+  f = jit(lambda x: x * x)
+  assert float(jit(jax.grad(f))(3.0)) == 6.0
+  assert float(jit(jax.jacfwd(f))(3.0)) == 6.0 and float(jit(jax.jacrev(f))(3.0)) == 6.0
+  seen = []
+
+  def h(x):
+    seen.append(x.shape)
+    return x * 2
+
+  out = jit(jax.vmap(jit(h)))(jnp.ones((3, 4)))
+  assert out.shape == (3, 4) and seen == [(4,)]
+
+
+@JITS
+def test_shaped_array_arguments_lower_like_abstract_values(jit):
+  aval = jax.core.ShapedArray((8,), jnp.float32)
+  lowered = jit(lambda x: x * 2.0, donate_argnums=0).lower(aval)
+  assert lowered.compile()(fresh()).shape == (8,)
+
+
+@JITS
+def test_escaped_tracers_raise_jax_errors(jit):
+  leaked = []
+  jax.jit(lambda x: leaked.append(x) or x)(1.0)
+  with pytest.raises(jax.errors.UnexpectedTracerError):
+    jit(lambda y: y + leaked[0])(1.0)
