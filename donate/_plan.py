@@ -560,6 +560,7 @@ def sharding_str(sharding) -> str:
   if spec is not None:  # str() spells unreduced / reduced axes too
     text = str(spec)
     text = "P" + text[len("PartitionSpec"):] if text.startswith("PartitionSpec") else text
+    text = text[:-2] + ")" if text.endswith(",)") else text  # P('x',) reads P('x')
   else:
     try:
       devices = sharding.device_set
