@@ -137,3 +137,14 @@ from jax._src import traceback_util as _traceback_util
 def hide_from_tracebacks(path: str) -> None:
   """Hides frames from files under `path` in JAX's filtered tracebacks, as JAX's own are."""
   _traceback_util.register_exclusion(path)
+
+
+def clear_cpp_cache(jitted) -> None:
+  """Drops the C++ dispatch entries of one `jax.jit` function, keeping its traces and executables.
+
+  `jax.jit`'s C++ dispatch marks a call signature "fall back to Python" for good when its first
+  call raises; donate's gate raises on purpose (to plan a new signature first), so the entry must
+  go, or that signature would dispatch through Python from then on. `clear_cache()` would also
+  drop the traces; only the C++ object's own method drops just the entries.
+  """
+  jitted._clear_cache()

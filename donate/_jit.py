@@ -163,6 +163,7 @@ class JitWrapped:
 
   # ---- calling ---------------------------------------------------------------------------------
   def __call__(self, *args, **kwargs):
+    prep = None
     try:  # inside another trace too: a cache hit there carries the donation (see _primitives)
       if self._native_only:  # jax.jit's own C++ dispatch, nothing in between
         return self._jitted(*args, **kwargs) if kwargs else self._jitted(*args)
@@ -171,8 +172,9 @@ class JitWrapped:
         prep = self._fast.get(call.key)
         if prep is not None:
           return prep.run(args, kwargs, call.leaves)
-    except _gate.Replan:
-      pass
+    except _gate.Replan:  # the C++ entry of this signature is now "fall back to Python": drop it
+      _jax_private.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner
+                                   else self._jitted)
     except (jax.errors.JaxRuntimeError, ValueError) as e:
       if "donate" in str(e) and _trace_state_clean():  # a buffer given twice: name both leaves
         prep, call = self._prepare(args, kwargs)
@@ -404,8 +406,9 @@ class JitWrapped:
       self._native_only = False
 
   def _cache_size(self) -> int:
-    inner = {id(p.inner.jitted): p.inner.jitted for p in self._prepared.values() if p.inner}
-    return self._jitted._cache_size() + sum(j._cache_size() for j in inner.values())
+    """How many compiled signatures this function holds (`jax.jit`'s `_cache_size()`)."""
+    with self._lock:
+      return len({id(p) for p in self._prepared.values() if p.compiled is not None})
 
   def __get__(self, obj, objtype=None):
     if obj is None:

@@ -459,3 +459,25 @@ def test_escaped_tracers_raise_jax_errors(jit):
   jax.jit(lambda x: leaked.append(x) or x)(1.0)
   with pytest.raises(jax.errors.UnexpectedTracerError):
     jit(lambda y: y + leaked[0])(1.0)
+
+
+def test_a_new_signature_planned_on_the_way_keeps_jax_jits_cpp_dispatch():
+  # JAX's own counter of calls that miss its C++ dispatch (only its test utilities expose it).
+  from jax._src import test_util as jtu
+  threes, fours = [fresh(3) for _ in range(8)], [fresh(4) for _ in range(8)]
+  f = donate.jit(lambda x: x + 1, donate_argnums=0)
+  f(threes.pop())
+  with jtu.count_pjit_cpp_cache_miss() as count:
+    f(fours.pop())  # a new signature: planned by donate, then compiled
+    assert count() == 1
+    for _ in range(3):
+      f(fours.pop())
+    f(threes.pop())  # the other signature comes back through C++ once its entry is rebuilt
+    f(threes.pop())
+    assert count() == 2
+  s = donate.jit(swapped_update, donate_argnums=(0, 1))  # re-laid out: the inner jit alike
+  s(threes.pop(), threes.pop())
+  with jtu.count_pjit_cpp_cache_miss() as count:
+    for _ in range(2):
+      s(fours.pop(), fours.pop())
+    assert count() == 1
