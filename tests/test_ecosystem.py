@@ -49,6 +49,14 @@ def run_both(make_state, step, *, donate_argnums=0):
   return results, peaks
 
 
+def assert_drop_in(make_state, step):
+  """Both jits: bitwise-equal final states and losses; donate.jit's peak no higher."""
+  (theirs, ours), (peak_jax, peak_donate) = run_both(make_state, step)
+  assert_bitwise_equal(theirs, ours)
+  assert peak_donate <= peak_jax
+  return ours
+
+
 def assert_bitwise_equal(a, b):
   leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
   assert len(leaves_a) == len(leaves_b)
@@ -76,10 +84,8 @@ def test_flax_linen_train_state_loop():
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
     return state.apply_gradients(grads=grads), loss
 
-  (theirs, ours), (peak_jax, peak_donate) = run_both(make_state, step)
-  assert_bitwise_equal(theirs, ours)
+  ours = assert_drop_in(make_state, step)
   assert int(ours[0].step) == STEPS
-  assert peak_donate <= peak_jax
   plan = donate.jit(step, donate_argnums=0).plan(make_state(), *batch(0))
   by_path = {d.path: d for d in plan.decisions}
   assert by_path["state.step"].reason == "not donated: not a device buffer (int)"
@@ -113,9 +119,7 @@ def test_flax_nnx_training_step():
     optimizer.update(model, grads)
     return nnx.state((model, optimizer)), loss
 
-  (theirs, ours), (peak_jax, peak_donate) = run_both(make_state, step)
-  assert_bitwise_equal(theirs, ours)
-  assert peak_donate <= peak_jax
+  assert_drop_in(make_state, step)
 
 
 def test_optax_update():
@@ -131,9 +135,7 @@ def test_optax_update():
     updates, opt_state = tx.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), loss
 
-  (theirs, ours), (peak_jax, peak_donate) = run_both(make_state, step)
-  assert_bitwise_equal(theirs, ours)
-  assert peak_donate <= peak_jax
+  assert_drop_in(make_state, step)
 
 
 def test_equinox_model_step():
@@ -155,9 +157,7 @@ def test_equinox_model_step():
     updates, opt_state = tx.update(grads, opt_state, p)
     return (eqx.apply_updates(p, updates), opt_state), loss
 
-  (theirs, ours), (peak_jax, peak_donate) = run_both(make_state, step)
-  assert_bitwise_equal(theirs, ours)
-  assert peak_donate <= peak_jax
+  assert_drop_in(make_state, step)
 
 
 def test_equinox_filter_jit_donation_inside_donate_jit_consumes_nothing_undonated():
