@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 import donate
-from donate import examples
+from donate import _examples as examples
 from donate._demo import format_bytes
 
 

@@ -2,7 +2,7 @@
 
 `jax.jit` resolves `static_argnums`/`static_argnames` and `donate_argnums`/`donate_argnames`
 through the function's signature when it is built; `Binding` takes those resolved tuples from it
-(`_jax_private.jit_argnums`), so donate splits a call exactly where `jax.jit` does.
+(`_compat.jit_argnums`), so donate splits a call exactly where `jax.jit` does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from donate import _jax_private
+from donate import _compat
 from donate import _plan
 
 
@@ -45,7 +45,7 @@ class Binding:
   """
 
   def __init__(self, fun, jitted):
-    static_nums, static_names, donate_nums, donate_names = _jax_private.jit_argnums(jitted)
+    static_nums, static_names, donate_nums, donate_names = _compat.jit_argnums(jitted)
     self.static_nums = frozenset(static_nums)
     self.static_names = frozenset(static_names)
     self.donate_nums = frozenset(donate_nums)

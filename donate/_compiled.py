@@ -9,7 +9,7 @@ import re
 from jax import tree_util
 
 from donate import _copies
-from donate import _jax_private
+from donate import _compat
 from donate import _plan
 from donate import _symm
 
@@ -17,14 +17,14 @@ from donate import _symm
 def realize(prep, lowered, compiled, copy_threshold: int) -> _plan.DonationPlan:
   """The plan with the aliases the compiled program really has, its memory figures and the
   copies XLA added."""
-  kept, n_consts = _jax_private.lowered_kept_leaves(lowered)
+  kept, n_consts = _compat.lowered_kept_leaves(lowered)
   n_params = _main_param_count(lowered)
   offset = n_params - len(kept)  # effect tokens and hoisted constants come first
   n_out_tokens = offset - n_consts
   order = None if prep.native else prep.inner.out_order
   text = compiled.as_text()
   # `kept` counts the traced constants (closed-over tracers) ahead of the argument leaves.
-  n_traced = _jax_private.traced_num_consts(prep.traced)
+  n_traced = _compat.traced_num_consts(prep.traced)
   leaf = [k - n_traced if k >= n_traced else None for k in kept]
   paths = [d.path for d in prep.plan.decisions]
   prep.in_paths = (["<effect token>"] * n_out_tokens + ["<constant>"] * n_consts

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from donate import _jax_private
+from donate import _compat
 from donate import _jaxprs
+from donate import _primitives
 
 _FIX_LOOP_READ = (
     "carry the value you need into the next iteration instead of reading it before the update "
@@ -22,8 +23,6 @@ _FIX_LOOP_READ = (
     "the read up in the code is not enough")
 _WORDS = {"conditional": "a cond", "while": "an inner loop", "call": "a call",
           "fusion": "a fused computation"}
-_UPDATE_PRIMITIVES = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul",
-                                "scatter_mul", "scatter-min", "scatter-max", "dynamic_update_slice"})
 
 
 def explain(a, comp, copy, origin, slot, value) -> tuple[str, list[str], str | None]:
@@ -268,17 +267,12 @@ class JaxprLoops:
 
   def _walk(self, jaxpr) -> None:
     for eqn in jaxpr.eqns:
-      name = eqn.primitive.name
-      if name in ("scan", "while"):
-        body = _jaxprs.open_jaxpr(eqn.params["jaxpr" if name == "scan" else "body_jaxpr"])
-        if name == "scan":
-          consts, n_carry = _jaxprs.scan_layout(eqn.params)
-          carries = body.invars[consts:consts + n_carry]
-        else:
-          carries = body.invars[eqn.params["body_nconsts"]:]
-        key = _line_key(_jax_private.source_line(eqn.source_info))
-        kind = "scan" if name == "scan" else "while_loop"
-        self.loops.setdefault(key, []).append((kind, tuple(carries), body))
+      loop = _compat.loop_layout(eqn)
+      if loop is not None:
+        carries = loop.body.invars[loop.body_consts:loop.body_consts + loop.carries]
+        key = _line_key(_compat.source_line(eqn.source_info))
+        kind = "scan" if loop.kind == "scan" else "while_loop"
+        self.loops.setdefault(key, []).append((kind, tuple(carries), loop.body))
       for sub in _jaxprs.subs(eqn):
         self._walk(sub.jaxpr)
 
@@ -314,8 +308,8 @@ class JaxprLoops:
       return [], []
     read, wrote = [], []
     for eqn, k in _uses(found[2], found[1]):
-      where = _jax_private.source_line(eqn.source_info)
-      (wrote if k == 0 and eqn.primitive.name in _UPDATE_PRIMITIVES else read).append(where)
+      where = _compat.source_line(eqn.source_info)
+      (wrote if k == 0 and eqn.primitive.name in _primitives.IN_PLACE else read).append(where)
     return read, wrote
 
 

@@ -21,8 +21,9 @@ from typing import Any
 from jax.extend import core as jcore
 
 from donate import _errors
-from donate import _jax_private
-from donate._jaxprs import open_jaxpr, scan_layout
+from donate import _compat
+from donate._jaxprs import open_jaxpr
+from donate import _primitives
 from donate._primitives import alias_p, donate_buffer_p, is_donate_jit
 
 EXPLICIT = 9  # an explicit `alias`: survives any chain
@@ -31,20 +32,6 @@ UPDATE = 5  # dynamic_update_slice / scatter into the input
 CARRY = 4  # a loop carry that starts as the input
 ELEMENTWISE = 2  # an elementwise op of the input
 
-_UPDATE_PRIMS = frozenset({
-    "dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter-mul",
-    "scatter_mul", "scatter-min", "scatter_min", "scatter-max", "scatter_max", "scatter-sub",
-    "scatter_sub"})
-_ELEMENTWISE_PRIMS = frozenset({
-    "add", "add_any", "sub", "mul", "div", "rem", "pow", "integer_pow", "max", "min", "neg",
-    "sign", "floor", "ceil", "round", "abs", "exp", "exp2", "log", "log1p", "expm1", "tanh",
-    "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh",
-    "acosh", "atanh", "sqrt", "rsqrt", "cbrt", "square", "erf", "erfc", "erf_inv", "lgamma",
-    "digamma", "select_n", "clamp", "and", "or", "xor", "not", "nextafter", "copy", "copy_p",
-    "convert_element_type", "real", "imag", "conj", "shift_left", "shift_right_logical",
-    "shift_right_arithmetic", "reduce_precision", "stop_gradient", "optimization_barrier"})
-# Identities on buffers: the symmetric-memory mark and shard_map's varying-axis cast.
-_IDENTITY_PRIMS = frozenset({"symmetric", "pvary"})
 # Calls whose single sub-jaxpr takes the equation's operands one to one.
 _CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -127,20 +114,20 @@ class _Walker:
         what, where = consumed[v]
         raise _errors.DonationError(_errors.message(
             f"a value given up by {what} at {where} is read again at "
-            f"{_jax_private.source_line(eqn.source_info)} (by {eqn.primitive.name})",
+            f"{_compat.source_line(eqn.source_info)} (by {eqn.primitive.name})",
             fix="use the value the annotation returned from then on (x = donate.donate_buffer(x))"))
 
   def _eqn(self, eqn, ins, consumed):
     name = eqn.primitive.name
     params = eqn.params
     if eqn.primitive is donate_buffer_p:
-      where = _jax_private.source_line(eqn.source_info)
+      where = _compat.source_line(eqn.source_info)
       (o, s), = ins
       self.annotations.append(Annotation("donate_buffer", where, o))
       consumed[eqn.invars[0]] = ("donate_buffer", where)
       return [(o, s)]
     if eqn.primitive is alias_p:
-      where = params.get("where") or _jax_private.source_line(eqn.source_info)
+      where = params.get("where") or _compat.source_line(eqn.source_info)
       (so, ss), (do, ds) = ins
       self.annotations.append(Annotation("alias", where, so, do))
       if not isinstance(eqn.invars[0], jcore.Literal):
@@ -148,11 +135,11 @@ class _Walker:
       if so is None:
         return [(None, _cap(ds, ELEMENTWISE))]
       return [(so, {so: EXPLICIT})]
-    if name in _IDENTITY_PRIMS:  # marks that keep the buffer: it stays the same value
-      return [ins[0]]
-    if name in _UPDATE_PRIMS:
+    if name in _primitives.IDENTITY and len(eqn.invars) == len(eqn.outvars):
+      return list(ins)  # marks and casts that keep the buffer: each stays the same value
+    if name in _primitives.IN_PLACE:
       return [(None, _cap(ins[0][1], UPDATE))] + [(None, {})] * (len(eqn.outvars) - 1)
-    if name in _ELEMENTWISE_PRIMS and len(eqn.outvars) == 1:
+    if name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1:
       out_aval = eqn.outvars[0].aval
       same = [s for v, (_, s) in zip(eqn.invars, ins)
               if getattr(v.aval, "shape", None) == getattr(out_aval, "shape", ())]
@@ -172,7 +159,7 @@ class _Walker:
   def _call(self, eqn, ins):
     donated = eqn.params.get("donated_invars")
     if donated:
-      where = _jax_private.source_line(eqn.source_info)
+      where = _compat.source_line(eqn.source_info)
       for d, (o, _) in zip(donated, ins):
         if d:
           kind = "donate_jit" if is_donate_jit(eqn.params.get("jaxpr")) else "inner_jit"
@@ -200,17 +187,15 @@ class _Walker:
     return finals, sources[n_carry:]
 
   def _scan(self, eqn, ins):
-    num_consts, num_carry = scan_layout(eqn.params)
-    finals, _ = self._loop(eqn.params["jaxpr"], ins, num_consts, num_carry)
-    return finals + [(None, {})] * (len(eqn.outvars) - num_carry)
+    loop = _compat.loop_layout(eqn)
+    finals, _ = self._loop(eqn.params["jaxpr"], ins, loop.body_consts, loop.carries)
+    return finals + [(None, {})] * (len(eqn.outvars) - loop.carries)
 
   def _while(self, eqn, ins):
-    p = eqn.params
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    cond_ins = ins[:cn] + ins[cn + bn:]
-    self._inner(p["cond_jaxpr"], cond_ins)
-    body_ins = ins[cn:]
-    finals, _ = self._loop(p["body_jaxpr"], body_ins, bn, len(eqn.outvars))
+    loop = _compat.loop_layout(eqn)
+    cn, bn = loop.cond_consts, loop.body_consts
+    self._inner(eqn.params["cond_jaxpr"], ins[:cn] + ins[cn + bn:])
+    finals, _ = self._loop(eqn.params["body_jaxpr"], ins[cn:], bn, loop.carries)
     return finals
 
   def _cond(self, eqn, ins):
@@ -236,4 +221,4 @@ def analyze(closed: jcore.ClosedJaxpr, skip: int = 0) -> Dataflow:
   explicit = tuple(frozenset(k for k, s in src.items() if s >= EXPLICIT) for src in sources)
   plain = tuple({k: min(s, IDENTITY) for k, s in src.items()} for src in sources)
   return Dataflow(tuple(walker.annotations), plain, explicit,
-                  tuple(_jax_private.used_inputs(jaxpr)[skip:]))
+                  tuple(_compat.used_inputs(jaxpr)[skip:]))

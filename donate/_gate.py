@@ -13,7 +13,7 @@ import threading
 import weakref
 from typing import Any
 
-from donate import _jax_private
+from donate import _compat
 
 
 class Replan(Exception):
@@ -98,7 +98,7 @@ class Plans:
 
   def __init__(self, wrapped):
     self._ref = weakref.ref(wrapped)
-    _jax_private.register_cache(self, f"donate.jit plans of {wrapped._name}")
+    _compat.register_cache(self, f"donate.jit plans of {wrapped._name}")
 
   def cache_clear(self):
     wrapped = self._ref()

@@ -18,21 +18,13 @@ from typing import Any
 import jax.extend as jex
 import numpy as np
 
-CALL_LIKE = frozenset({"pjit", "jit", "closed_call", "core_call", "checkpoint", "remat", "remat2"})
-"""Calls whose results are their body's results (no new buffer): the trace-back looks inside."""
+from donate import _compat
+from donate import _primitives
 
-CUSTOM_OPS = frozenset({
-    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin",
-    "custom_transpose_call", "pure_callback", "io_callback", "ffi_call", "custom_call",
-})
-"""Producers treated as opaque custom ops: all of their outputs become symmetric together."""
-
-VIEWS = frozenset({
-    "reshape", "broadcast_in_dim", "convert_element_type", "transpose", "squeeze",
-    "expand_dims", "copy", "copy_p", "symmetric", "pvary", "pcast", "bitcast_convert_type",
-    "reduce_precision",
-})
-"""Ops that only re-view their operand (fused into the producer): followed by the trace-back."""
+# Until the symmetric-memory modules read donate._primitives directly.
+CALL_LIKE = _primitives.CALL
+CUSTOM_OPS = _primitives.CUSTOM
+VIEWS = _primitives.TRACE_BACK_VIEWS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,23 +45,6 @@ class Sub:
   in_map: tuple[int | None, ...]
   out_map: tuple[int | None, ...]
   transparent: bool
-
-
-def scan_layout(params) -> tuple[int, int]:
-  """(number of constants, number of carries) of a `scan` equation, on every supported JAX.
-
-  jax 0.10 has `num_consts`/`num_carry`; jax 0.12 gives the flat trees `ft_in` instead.
-
-  >>> import jax
-  >>> eqn = jax.make_jaxpr(lambda c, xs: jax.lax.scan(lambda c, x: (c + x, x), c, xs))(
-  ...     0.0, jax.numpy.ones(3)).eqns[0]
-  >>> scan_layout(eqn.params)
-  (0, 1)
-  """
-  if "num_consts" in params:
-    return params["num_consts"], params["num_carry"]
-  consts, carry, _ = params["ft_in"].unpack()
-  return len(consts), len(carry)
 
 
 def open_jaxpr(value):
@@ -101,7 +76,8 @@ def _identity(n_inner: int, n_outer: int, offset: int = 0) -> tuple[int | None, 
 
 
 def _while_in_map(eqn, key: str, n_inner: int) -> tuple[int | None, ...]:
-  cn, bn = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+  loop = _compat.loop_layout(eqn)
+  cn, bn = loop.cond_consts, loop.body_consts
   nconsts, const_at = (cn, 0) if key == "cond_jaxpr" else (bn, cn)
   return tuple(const_at + i if i < nconsts else cn + bn + i - nconsts for i in range(n_inner))
 
@@ -117,7 +93,7 @@ def _maps(eqn, key: str, jaxpr) -> tuple[tuple, tuple, bool]:
   if inner_in != n_in:
     return (None,) * inner_in, (None,) * inner_out, False
   out = _identity(inner_out, n_out) if inner_out == n_out else (None,) * inner_out
-  transparent = name in CALL_LIKE or name == "shard_map"
+  transparent = name in _primitives.CALL or name == "shard_map"
   return _identity(inner_in, n_in), out, transparent
 
 

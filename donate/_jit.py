@@ -1,6 +1,6 @@
 """`donate.jit`: `jax.jit` with a donation plan per leaf.
 
-Mechanism (public JAX, plus the few reads isolated in `_jax_private`). Every `donate.jit` holds a
+Mechanism (public JAX, plus the few reads isolated in `_compat`). Every `donate.jit` holds a
 real `jax.jit` of the user's function with the user's own keywords (the *gate*). JAX validates the
 keywords, binds and traces each call exactly as `jax.jit` does; donate reads the traced jaxpr and
 plans every leaf (`_plan.make_plan`). Then one of two things runs the call:
@@ -41,7 +41,7 @@ from donate import _copies
 from donate import _dataflow
 from donate import _errors
 from donate import _gate
-from donate import _jax_private
+from donate import _compat
 from donate import _plan
 from donate import _stages
 from donate import _symm
@@ -49,8 +49,8 @@ from donate._primitives import donate_buffer_p
 from donate._primitives import remember_donate_jit
 
 
-_trace_state_clean = _jax_private.trace_state_clean
-_jax_private.hide_from_tracebacks(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+_trace_state_clean = _compat.trace_state_clean
+_compat.hide_from_tracebacks(os.path.dirname(os.path.abspath(__file__)) + os.sep)
 
 
 @dataclasses.dataclass(eq=False)
@@ -173,7 +173,7 @@ class JitWrapped:
         if prep is not None:
           return prep.run(args, kwargs, call.leaves)
     except _gate.Replan:  # the C++ entry of this signature is now "fall back to Python": drop it
-      _jax_private.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner
+      _compat.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner
                                    else self._jitted)
     except (jax.errors.JaxRuntimeError, ValueError) as e:
       if "donate" in str(e) and _trace_state_clean():  # a buffer given twice: name both leaves
@@ -187,7 +187,7 @@ class JitWrapped:
       return self._plain(*args, **kwargs)
     if jax.config.jax_disable_jit:
       return self._fun(*args, **kwargs)
-    if not _jax_private.trace_state_clean():
+    if not _compat.trace_state_clean():
       return self._nested(args, kwargs)
     prep, call = self._prepare(args, kwargs)
     self._compile(prep, call)
@@ -205,7 +205,7 @@ class JitWrapped:
     call = self._binding.bind(args, kwargs)
     donated = self._binding.donated_leaves(call)
     if donated:
-      leaves = [donate_buffer_p.bind(x, token=-1 - i)
+      leaves = [donate_buffer_p.bind(x)
                 if i in donated and isinstance(x, jax.core.Tracer) else x
                 for i, x in enumerate(call.leaves)]
       args, kwargs = self._binding.rebuild(call, args, kwargs, leaves)
@@ -236,13 +236,13 @@ class JitWrapped:
       return prep, call
 
   def _plan(self, call: _binding.Call, traced) -> Prepared:
-    n_consts = _jax_private.traced_num_consts(traced)
+    n_consts = _compat.traced_num_consts(traced)
     closed = traced.jaxpr
     marked = _symm.mark_required(closed)
     flow = _dataflow.analyze(marked, skip=n_consts)
     paths = self._binding.paths(call)
     leaves = [_binding.leaf_info(p, x) for p, x in zip(paths, call.leaves)]
-    in_sh, out_sh, has_layouts = _jax_private.traced_flat_shardings(traced)
+    in_sh, out_sh, has_layouts = _compat.traced_flat_shardings(traced)
     leaves = [dataclasses.replace(l, sharding_obj=s) if l.sharding_obj is None and s is not None
               else l for l, s in zip(leaves, in_sh)]
     out_paths = ["out" + tree_util.keystr(tuple(kp)) for kp, _ in tree_util.tree_flatten_with_path(

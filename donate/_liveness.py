@@ -33,27 +33,11 @@ from typing import Any
 
 from jax.extend import core as jex_core
 
-from donate._jaxprs import scan_layout
-
-# Primitives whose output is their operand, with no memory of its own.
-IDENTITY_PRIMITIVES = frozenset({
-    "pvary", "pbroadcast", "symmetric", "symmetric_memory", "with_symmetric", "donate_buffer",
-    "alias", "optimization_barrier",
-})
-
-# Primitives that re-view their operand's bytes (a bitcast in XLA) when the size is unchanged.
-VIEW_PRIMITIVES = frozenset({"reshape", "squeeze", "expand_dims", "bitcast_convert_type"})
-
-# Elementwise primitives whose output may take over a dying operand's buffer of the same size.
-ELEMENTWISE_PRIMITIVES = frozenset({
-    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "convert_element_type", "cos",
-    "cosh", "div", "erf", "exp", "exp2", "expm1", "floor", "integer_pow", "log", "log1p",
-    "logistic", "max", "min", "mul", "neg", "not", "or", "pow", "rem", "round", "rsqrt",
-    "select_n", "sign", "sin", "sinh", "sqrt", "square", "sub", "tan", "tanh", "xor",
-})
+from donate import _compat
+from donate import _primitives
 
 # Primitives with sub-jaxprs that are not simple calls.
-_LOOPS_AND_CONDS = frozenset({"scan", "while", "cond"})
+_LOOPS_AND_CONDS = _primitives.LOOP | {"cond"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,15 +209,15 @@ class _Walker:
     if name == "donate_alias":  # alias(src, dst) returns dst
       self.bind(eqn.outvars[0], operands[-1], env)
       return
-    if ((name in IDENTITY_PRIMITIVES and len(eqn.invars) == len(eqn.outvars))
-        or (name in VIEW_PRIMITIVES and _same_bytes(eqn.invars[:1], eqn.outvars))):
+    if ((name in _primitives.IDENTITY and len(eqn.invars) == len(eqn.outvars))
+        or (name in _primitives.VIEW and _same_bytes(eqn.invars[:1], eqn.outvars))):
       for out, src in zip(eqn.outvars, operands):
         self.bind(out, src, env)
       return
     self.steps.append(scope + name)
     for out in eqn.outvars:
       self.new(out, name, scope, step, env)
-    if name in ELEMENTWISE_PRIMITIVES and len(eqn.outvars) == 1 and env[eqn.outvars[0]] is not None:
+    if name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1 and env[eqn.outvars[0]] is not None:
       ids = tuple(dict.fromkeys(i for i in operands if i is not None))
       self.inplace.append(InplaceCandidate(step, env[eqn.outvars[0]], ids))
 
@@ -298,14 +282,14 @@ def _control_flow_parts(eqn, operands: list, outs: list) -> Iterable[tuple[str, 
   loop state, allocated for the whole span), and sliced or unknown parameters are `FRESH`.
   """
   p, name = eqn.params, eqn.primitive.name
-  if name == "scan":
-    nc, ncarry = scan_layout(p)
-    sub = p["jaxpr"].jaxpr
+  loop = _compat.loop_layout(eqn)
+  if loop is not None and loop.kind == "scan":
+    nc, ncarry, sub = loop.body_consts, loop.carries, loop.body
     yield "scan", sub, operands[:nc] + outs[:ncarry] + [FRESH] * (len(sub.invars) - nc - ncarry)
-  elif name == "while":
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    yield "while.cond", p["cond_jaxpr"].jaxpr, operands[:cn] + outs
-    yield "while.body", p["body_jaxpr"].jaxpr, operands[cn:cn + bn] + outs
+  elif loop is not None:
+    cn, bn = loop.cond_consts, loop.body_consts
+    yield "while.cond", loop.cond, operands[:cn] + outs
+    yield "while.body", loop.body, operands[cn:cn + bn] + outs
   elif name == "cond":
     for i, branch in enumerate(p["branches"]):
       yield f"cond[{i}]", branch.jaxpr, operands[1:]

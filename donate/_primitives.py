@@ -1,6 +1,12 @@
-"""The two annotation primitives: `donate_buffer_p` and `alias_p`.
+"""What the package knows about primitives: one table of facts, and its own two primitives.
 
-Both are identities on values. They exist so that intent is recorded in the jaxpr at any nesting
+The table (``IDENTITY``, ``VIEW``, ``ELEMENTWISE``, ``IN_PLACE``, ``CALL``, ``CUSTOM``, ``LOOP``)
+is the only place that names JAX primitives; every jaxpr walker (dataflow, liveness, the copy
+explanations, the symmetric-memory trace-back) reads it. Names are as jaxprs spell them; a few
+exist only in some JAX versions (``tests/test_primitives.py`` checks every name against the
+installed JAX and the list of version-specific ones).
+
+The annotation primitives `donate_buffer_p` and `alias_p` are identities on values. They exist so that intent is recorded in the jaxpr at any nesting
 depth (inside `scan`, `cond`, nested `jit`, `shard_map`, `custom_vjp`, `vmap` and `grad`), where the
 planner finds it. They lower to nothing: the lowering returns the operand unchanged, and the planner
 turns the intent into buffer donors and input/output aliases on the outermost module.
@@ -8,7 +14,6 @@ turns the intent into buffer donors and input/output aliases on the outermost mo
 
 from __future__ import annotations
 
-import itertools
 import weakref
 
 import jax
@@ -16,9 +21,60 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from donate import _errors
-from donate import _jax_private
+from donate import _compat
 
-_tokens = itertools.count()
+IDENTITY = frozenset({
+    "pvary", "pbroadcast", "pcast", "symmetric", "donate_buffer", "donate_alias",
+    "optimization_barrier",
+})
+"""The output is the operand's buffer itself (marks, casts between shard_map's varying types)."""
+
+VIEW = frozenset({"reshape", "squeeze", "bitcast_convert_type"})
+"""Re-views the operand's bytes (a bitcast in XLA) when the byte size is unchanged."""
+
+ELEMENTWISE = frozenset({
+    "abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2", "atanh",
+    "cbrt", "ceil", "clamp", "conj", "convert_element_type", "copy", "copy_p", "cos", "cosh",
+    "digamma", "div", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "imag",
+    "integer_pow", "lgamma", "log", "log1p", "logistic", "max", "min", "mul", "neg", "nextafter",
+    "not", "or", "pow", "real", "reduce_precision", "rem", "round", "rsqrt", "select_n",
+    "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt",
+    "square", "stop_gradient", "sub", "tan", "tanh", "xor",
+})
+"""One output computed element by element: it may take over a dying operand of the same size."""
+
+IN_PLACE = frozenset({
+    "dynamic_update_slice", "scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul",
+    "scatter-min", "scatter_min", "scatter-max", "scatter_max", "scatter-sub", "scatter_sub",
+})
+"""Writes into its first operand: XLA updates that buffer in place when it may."""
+
+CALL = frozenset({"pjit", "jit", "closed_call", "core_call", "checkpoint", "remat", "remat2"})
+"""Calls whose results are their body's results (no new buffer): walkers look inside."""
+
+CUSTOM = frozenset({
+    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin",
+    "custom_transpose_call", "pure_callback", "io_callback", "ffi_call", "custom_call",
+})
+"""Opaque producers (custom derivatives, callbacks, FFI): their outputs are new buffers together."""
+
+LOOP = frozenset({"scan", "while"})
+"""Loops; ``donate._compat.loop_layout`` decodes their operands."""
+
+TRACE_BACK_VIEWS = IDENTITY | VIEW | frozenset({
+    "broadcast_in_dim", "convert_element_type", "transpose", "copy", "copy_p", "reduce_precision",
+})
+"""Ops XLA fuses into their producer: a value's buffer is traced back through them."""
+
+VERSION_SPECIFIC = frozenset({
+    "pcast", "copy_p", "scatter_add", "scatter_mul", "scatter_min", "scatter_max", "scatter_sub",
+    "pjit", "core_call", "checkpoint", "remat", "closed_call", "custom_vjp_call_jaxpr",
+    "custom_transpose_call", "custom_call",
+})
+"""Names in the table that some supported (or older/newer) JAX versions do not define."""
+
+OWN = frozenset({"symmetric", "donate_buffer", "donate_alias"})
+"""This package's own primitives (defined here and in ``donate._symm``)."""
 
 # The jaxprs of `donate.jit` functions (as `jax.jit` traced them). A call of one inside another
 # trace that `jax.jit` serves from its cache carries its donation in the call's `donated_invars`
@@ -42,32 +98,27 @@ donate_buffer_p = Primitive("donate_buffer")
 alias_p = Primitive("donate_alias")
 
 
-def _donate_buffer_abstract(x, *, token):
-  del token
-  return x
-
-
-def _donate_buffer_jvp(primals, tangents, *, token):
+def _donate_buffer_jvp(primals, tangents):
   (x,), (t,) = primals, tangents
-  return donate_buffer_p.bind(x, token=token), t
+  return donate_buffer_p.bind(x), t
 
 
-def _donate_buffer_batch(args, dims, *, token):
-  return donate_buffer_p.bind(args[0], token=token), dims[0]
+def _donate_buffer_batch(args, dims):
+  return donate_buffer_p.bind(args[0]), dims[0]
 
 
 donate_buffer_p.def_impl(lambda x, **_: x)
-donate_buffer_p.def_abstract_eval(_donate_buffer_abstract)
+donate_buffer_p.def_abstract_eval(lambda x: x)
 ad.primitive_jvps[donate_buffer_p] = _donate_buffer_jvp
 batching.primitive_batchers[donate_buffer_p] = _donate_buffer_batch
 mlir.register_lowering(donate_buffer_p, lambda ctx, x, **_: [x])
 
 
-def _alias_abstract(src, dst, *, token, where=None):
-  del token, where
+def _alias_abstract(src, dst, *, where=None):
+  del where
   if src.shape != dst.shape or src.dtype != dst.dtype:
     raise _errors.DonationError(_errors.message(
-        f"alias(src, dst) needs src and dst of one shape and dtype ({_jax_private.source_line()})",
+        f"alias(src, dst) needs src and dst of one shape and dtype ({_compat.source_line()})",
         expected=f"dst of src's type {src.str_short()}",
         got=f"dst {dst.str_short()}",
         fix="alias only a value computed to replace src, e.g. alias(x, x + 1)"))
@@ -121,7 +172,7 @@ def donate_buffer(x):
   >>> step(w).tolist(), w.is_deleted()
   ([2.0, 2.0, 2.0, 2.0], True)
   """
-  return jax.tree.map(lambda v: donate_buffer_p.bind(v, token=next(_tokens)), x)
+  return jax.tree.map(lambda v: donate_buffer_p.bind(v), x)
 
 
 def alias(src, dst, *, where: str | None = None):
@@ -149,4 +200,4 @@ def alias(src, dst, *, where: str | None = None):
   >>> x.tolist(), y.tolist(), a.is_deleted(), b.is_deleted()
   ([1.0, 0.0, 0.0], [1.0, 1.0, 1.0], True, True)
   """
-  return jax.tree.map(lambda s, d: alias_p.bind(s, d, token=next(_tokens), where=where), src, dst)
+  return jax.tree.map(lambda s, d: alias_p.bind(s, d, where=where), src, dst)

@@ -27,7 +27,7 @@ import re
 
 import jaxlib
 
-from donate import _jax_private
+from donate import _compat
 from donate._errors import DonationError
 from donate._errors import message
 from donate._symm_xla import GPU_PLATFORMS
@@ -136,7 +136,7 @@ def configure(*collectives: str) -> tuple[SpecEntry, ...]:
   ``donate.symm.configure`` for the user-facing description.
   """
   entries = parse_spec(",".join(collectives))
-  if _jax_private.backends_are_initialized():
+  if _compat.backends_are_initialized():
     raise DonationError(message(
         "donate.symm.configure came too late: JAX has started its backends, and XLA has read "
         "XLA_FLAGS already (a later change is silently ignored)",

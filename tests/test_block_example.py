@@ -1,11 +1,11 @@
-"""The transformer block's data + tensor parallel training step (donate.examples) computes the same
+"""The transformer block's data + tensor parallel training step (donate._examples) computes the same
 loss and gradients as the unsharded reference, on 8 virtual CPU devices."""
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from donate import examples
+from donate import _examples as examples
 
 
 def test_block_step_matches_the_unsharded_reference_on_cpu():

@@ -22,7 +22,7 @@ import donate
 from donate import _hlo_text
 from donate import _symm_place
 from donate import _symm_report
-from donate import examples
+from donate import _examples as examples
 from donate import symm
 from donate import targets
 

@@ -9,7 +9,7 @@ import pytest
 from jax import lax
 
 import donate
-from donate import examples
+from donate import _examples as examples
 
 D = donate.donate_buffer
 

@@ -142,7 +142,7 @@ def sweep(donate, jax, mesh, a):
 
 
 def step(donate, jax, a):
-  from donate import examples
+  from donate import _examples as examples
   if a.aot:
     mesh = donate.targets.gpu_mesh(a.aot, 8, ("dp", "tp"), shape=(2, 4))
   else:

@@ -4,7 +4,7 @@ cells = [
 ("md", r"""
 # A training loop: gradient accumulation, donation and a preallocated output
 
-A small but real model: the two-layer MLP of `donate.examples` (512 inputs, 512 hidden units,
+A small but real model: the two-layer MLP of `donate._examples` (512 inputs, 512 hidden units,
 512 outputs, about 0.5 M parameters), trained with SGD to imitate a fixed random "teacher" network. Each
 step accumulates gradients over 4 micro-batches of 32 with `lax.scan`, updates the parameters, and
 returns fresh zeroed accumulators and the per-micro-batch losses.
@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 from jax import lax
 
 import donate
-from donate import examples
+from donate import _examples as examples
 
 %matplotlib inline
 FIGURES = {}

@@ -265,7 +265,7 @@ those XLA publishes for each GPU); arguments are `jax.ShapeDtypeStruct`s sharded
 `jax_platforms` to `"cpu"`, so the plugin does not look for CUDA libraries. Nothing below *ran* on a GPU:
 everything is read from the compiled programs.
 
-The program is a transformer block's training step (`donate.examples.block_train_step`) on a 2 x 4 mesh,
+The program is a transformer block's training step (`donate._examples.block_train_step`) on a 2 x 4 mesh,
 data parallel on `dp` and tensor (sequence) parallel on `tp`: inside `shard_map`, `all_gather` rebuilds
 the sequence before each column-parallel matmul, `psum_scatter` sums row-parallel products back into
 sequence shards, `ppermute` passes each shard's last token to the next one, and the gradient reduction over
@@ -278,7 +278,7 @@ comm buffers, take the platform from the arguments' shardings, choose the compil
 dump of XLA's buffer assignment) and read back where every annotated value landed.
 """),
 ("code", r"""
-from donate import examples, targets
+from donate import _examples as examples, targets
 
 jax.config.update("jax_platforms", "cpu")  # already in effect: set before the first array existed
 print("CUDA plugin matching jaxlib installed:", targets.available())

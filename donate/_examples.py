@@ -1,4 +1,5 @@
-"""Small real workloads used by the tests, the benchmarks and the notebooks.
+"""Small real workloads used by the tests, the benchmarks, the notebooks and the README (private:
+the package does not export them; copy what you need).
 
 * a two-layer MLP trained with gradient accumulation over micro-batches (`lax.scan`), then an
   SGD-with-momentum-free update and fresh zeroed accumulators, written two ways: plain (donate

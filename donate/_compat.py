@@ -1,9 +1,18 @@
-"""Every private JAX import the library needs, in one place.
+"""Everything that depends on JAX's internals or on one JAX version's layout, in one place.
 
-Each item says why no public API serves. Everything else in the package uses public JAX only.
+This is the only module that imports ``jax._src`` (each import says why no public API serves) and
+the only one that decodes a layout that differs between the supported JAX versions (the operands
+of ``scan`` and ``while`` equations). Everything else in the package uses public JAX only. To
+support a new JAX version, start here (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import jax.extend as jex
 
 # Source lines of equations: `jax.extend` exposes `source_info` on equations but no public way to
 # turn it into "file:line (function)" text; JAX's own errors use `summarize`.
@@ -148,3 +157,97 @@ def clear_cpp_cache(jitted) -> None:
   drop the traces; only the C++ object's own method drops just the entries.
   """
   jitted._clear_cache()
+
+
+_COLUMN = re.compile(r"^(.*:\d+):\d+$")
+
+
+def short_source_line(source_info) -> str:
+  """The user's ``file:line`` (no function, no column) of an equation's ``source_info``, or ``""``.
+
+  >>> import jax, jax.numpy as jnp
+  >>> eqn = jax.make_jaxpr(jnp.sin)(1.0).eqns[0]
+  >>> isinstance(short_source_line(eqn.source_info), str)
+  True
+  """
+  if source_info is None:
+    return ""
+  try:
+    text = source_line(source_info)
+  except Exception:  # pylint: disable=broad-except  # pragma: no cover - best effort only.
+    return ""
+  text = text.split(" (")[0] if text and not text.startswith("<") else ""
+  match = _COLUMN.match(text)
+  return match.group(1) if match else text
+
+
+def bound_axis_names() -> tuple:
+  """The named axes bound where the caller is being traced (``shard_map``, ``vmap``, ...).
+
+  Uses ``jax.extend.core.unsafe_get_axis_names_DO_NOT_USE``, the one public query of JAX's axis
+  environment on both supported JAX versions.
+
+  >>> bound_axis_names()
+  ()
+  """
+  return tuple(jex.core.unsafe_get_axis_names_DO_NOT_USE())
+
+
+# Loop equations: the operand layout of `scan` is spelled differently by the supported versions
+# (jax 0.10: `num_consts`/`num_carry`; jax 0.12: the flat trees `ft_in`); `while` splits its
+# constants between the condition and the body. Every walker reads loops through `loop_layout`.
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoopLayout:
+  """How a ``scan`` or ``while`` equation's operands feed its body (and condition).
+
+  Operands are ``cond constants + body constants + carries + scanned inputs``; the body takes
+  ``body constants + carries + one slice of each scanned input``; the condition (``while`` only)
+  ``cond constants + carries``; the first ``carries`` results are the final carries.
+
+  Attributes:
+    kind: ``"scan"`` or ``"while"``.
+    body: the body's open jaxpr.
+    cond: the condition's open jaxpr (``while``), else None.
+    cond_consts: number of leading operands that are the condition's constants (0 for scan).
+    body_consts: number of operands, after those, that are the body's constants.
+    carries: number of loop carries.
+  """
+  kind: str
+  body: Any
+  cond: Any
+  cond_consts: int
+  body_consts: int
+  carries: int
+
+  @property
+  def carry_operands(self) -> range:
+    """The positions of the initial carries among the equation's operands."""
+    start = self.cond_consts + self.body_consts
+    return range(start, start + self.carries)
+
+
+def loop_layout(eqn) -> LoopLayout | None:
+  """The layout of a ``scan``/``while`` equation on every supported JAX; None for other equations.
+
+  >>> import jax
+  >>> eqn = jax.make_jaxpr(lambda c, xs: jax.lax.scan(lambda c, x: (c + x, x), c, xs))(
+  ...     0.0, jax.numpy.ones(3)).eqns[0]
+  >>> l = loop_layout(eqn)
+  >>> (l.kind, l.cond_consts, l.body_consts, l.carries, list(l.carry_operands))
+  ('scan', 0, 0, 1, [0])
+  """
+  name, p = eqn.primitive.name, eqn.params
+  if name == "scan":
+    if "num_consts" in p:
+      consts, carries = p["num_consts"], p["num_carry"]
+    else:
+      flat_consts, flat_carry, _ = p["ft_in"].unpack()
+      consts, carries = len(flat_consts), len(flat_carry)
+    return LoopLayout("scan", p["jaxpr"].jaxpr, None, 0, consts, carries)
+  if name == "while":
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    return LoopLayout("while", p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr, cn, bn,
+                      len(eqn.invars) - cn - bn)
+  return None
