@@ -4,9 +4,9 @@ from donate import planner as planner
 from donate import targets as targets
 from donate._errors import DonationError as DonationError
 from donate._errors import UnusableDonationWarning as UnusableDonationWarning
-from donate._plan import DonationPlan as DonationPlan
-from donate._plan import LeafDecision as LeafDecision
-from donate._plan import MemoryStats as MemoryStats
+from donate._donation_plan import DonationPlan as DonationPlan
+from donate._donation_plan import LeafDecision as LeafDecision
+from donate._donation_plan import MemoryStats as MemoryStats
 from donate.symm import requires_symmetric as requires_symmetric
 from donate.symm import symmetric_memory as symmetric_memory
 from donate.symm import with_symmetric as with_symmetric

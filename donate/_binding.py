@@ -16,7 +16,7 @@ import numpy as np
 from jax import tree_util
 
 from donate import _compat
-from donate import _plan
+from donate import _donation_plan
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,32 +122,42 @@ class Binding:
     return tuple(new_args), new_kwargs
 
 
-def leaf_info(path: str, x) -> _plan.LeafInfo:
+def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   """The planner's facts about one leaf: device buffer, abstract value or host value."""
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-    kind = _plan.DEVICE
+    kind = _donation_plan.DEVICE
   elif isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
-    kind = _plan.ABSTRACT
+    kind = _donation_plan.ABSTRACT
   else:
-    kind = _plan.HOST
-  aval = jax.typeof(x) if kind != _plan.ABSTRACT else x
+    kind = _donation_plan.HOST
+  aval = jax.typeof(x) if kind != _donation_plan.ABSTRACT else x
   if not hasattr(aval, "shape"):  # a token or another value without a shape: never a buffer
-    return _plan.LeafInfo(path, (), type(aval).__name__, 0, "-", None, _plan.HOST,
+    return _donation_plan.LeafInfo(path, (), type(aval).__name__, 0, "-", None, _donation_plan.HOST,
                           type(x).__name__)
   shape = tuple(aval.shape)
   dtype = str(aval.dtype)
-  nbytes = int(np.prod(shape, dtype=np.int64)) * int(getattr(aval.dtype, "itemsize", 0) or 0)
-  sharding = getattr(x, "sharding", None) if kind != _plan.HOST else None
+  nbytes = aval_nbytes(aval)
+  sharding = getattr(x, "sharding", None) if kind != _donation_plan.HOST else None
   memory_kind = getattr(sharding, "memory_kind", None)
-  text = _plan.sharding_str(sharding) if kind != _plan.ABSTRACT or sharding is not None else "-"
-  return _plan.LeafInfo(path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__,
+  text = _donation_plan.sharding_str(sharding) if kind != _donation_plan.ABSTRACT or sharding is not None else "-"
+  return _donation_plan.LeafInfo(path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__,
                         sharding)
 
 
 def meta_key(x) -> tuple:
   """What, beyond the traced avals, decides a leaf's plan and lowering (as `jax.jit`'s MetaTy)."""
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-    return (_plan.DEVICE, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
+    return (_donation_plan.DEVICE, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
   if isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
-    return (_plan.ABSTRACT, getattr(x, "sharding", None))
-  return (_plan.HOST, type(x))
+    return (_donation_plan.ABSTRACT, getattr(x, "sharding", None))
+  return (_donation_plan.HOST, type(x))
+
+
+def aval_nbytes(aval) -> int:
+  """Bytes of an array-like value with `shape` and `dtype` (extended dtypes by their itemsize).
+
+  >>> aval_nbytes(jax.ShapeDtypeStruct((2, 3), "float32"))
+  24
+  """
+  itemsize = int(getattr(aval.dtype, "itemsize", 0) or 0)
+  return int(np.prod(tuple(aval.shape), dtype=np.int64)) * itemsize

@@ -10,11 +10,11 @@ from jax import tree_util
 
 from donate import _copies
 from donate import _compat
-from donate import _plan
+from donate import _donation_plan
 from donate import _symm
 
 
-def realize(prep, lowered, compiled, copy_threshold: int) -> _plan.DonationPlan:
+def realize(prep, lowered, compiled, copy_threshold: int) -> _donation_plan.DonationPlan:
   """The plan with the aliases the compiled program really has, its memory figures and the
   copies XLA added."""
   kept, n_consts = _compat.lowered_kept_leaves(lowered)
@@ -37,7 +37,7 @@ def realize(prep, lowered, compiled, copy_threshold: int) -> _plan.DonationPlan:
     k = out - n_out_tokens
     realized[leaf[param - offset]] = order[k] if order is not None else k
   shardings = _sharding_differences(prep, compiled, realized)
-  plan = prep.plan.realize(realized, _plan.MemoryStats.from_compiled(compiled), shardings)
+  plan = prep.plan.realize(realized, _donation_plan.MemoryStats.from_compiled(compiled), shardings)
   placements = None
   if prep.placement is not None:  # a GPU target with marked values: where did they land?
     placements = _symm.placement_report(text, prep.comm)
@@ -55,7 +55,7 @@ def copies_of(prep, compiled_or_text, threshold: int) -> tuple:
 def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]]:
   """For planned aliases XLA did not make: the compiled input and output shardings, if they differ."""
   missing = [i for i, d in enumerate(prep.plan.decisions)
-             if d.action == _plan.ALIASED and i not in realized]
+             if d.action == _donation_plan.ALIASED and i not in realized]
   if not missing:
     return {}
   ins = tree_util.tree_leaves(compiled.input_shardings)
@@ -71,7 +71,7 @@ def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]
     a, b = (ins[i] if i < len(ins) else None), outs[pairs[i]]
     if a is not None and b is not None and not a.is_equivalent_to(
         b, len(prep.plan.decisions[i].shape)):
-      result[i] = (_plan.sharding_str(a), _plan.sharding_str(b))
+      result[i] = (_donation_plan.sharding_str(a), _donation_plan.sharding_str(b))
   return result
 
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from donate import _jit
-from donate._plan import MemoryStats
+from donate._donation_plan import MemoryStats
 
 
 def swapped_update(a, b):

@@ -96,9 +96,9 @@ def gated_for(fun) -> Gated:
 class Plans:
   """A `JitWrapped`'s plans, as JAX's cache registry sees them: `jax.clear_caches()` forgets them."""
 
-  def __init__(self, wrapped):
+  def __init__(self, wrapped, name: str):
     self._ref = weakref.ref(wrapped)
-    _compat.register_cache(self, f"donate.jit plans of {wrapped._name}")
+    _compat.register_cache(self, f"donate.jit plans of {name}")
 
   def cache_clear(self):
     wrapped = self._ref()

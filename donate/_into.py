@@ -11,15 +11,12 @@ before anything is consumed.
 from __future__ import annotations
 
 import inspect
-import threading
 
 import jax
 from jax import tree_util
 
 from donate import _errors
 from donate._primitives import alias
-
-_lock = threading.Lock()
 
 
 def _is_none(x) -> bool:
@@ -50,7 +47,8 @@ def _check_and_alias(out, result):
   return tree_util.tree_unflatten(res_tree, written)
 
 
-def _check_buffers(out):
+def check_buffers(out):
+  """Every preallocated buffer is a `jax.Array` (or None): checked before anything is traced."""
   for path, buf in tree_util.tree_flatten_with_path(out, is_leaf=_is_none)[0]:
     if buf is not None and not isinstance(buf, jax.Array):
       raise _errors.DonationError(_errors.message(
@@ -59,59 +57,38 @@ def _check_buffers(out):
           fix="allocate it with jnp.empty/jnp.zeros on the device"))
 
 
-def _shift(nums):
-  """Argument numbers of the function as numbers of `(into, *args)`."""
-  if nums is None:
-    return None
-  nums = (nums,) if isinstance(nums, int) else tuple(nums)
-  return tuple(n + 1 if n >= 0 else n for n in nums)
+def with_out(fun, name: str):
+  """`(into, *args, **kwargs) -> fun(*args, **kwargs)` written into `into`.
 
+  >>> import jax.numpy as jnp
+  >>> f = with_out(lambda x: x + 1, "f")
+  >>> f.__name__, list(__import__("inspect").signature(f).parameters)
+  ('f.into', ['into', 'x'])
+  """
 
-def _with_out(wrapped):
-  """`(into, *args, **kwargs) -> fun(*args, **kwargs)` written into `into`."""
-  fun = wrapped._fun
-
-  def with_out(into, *args, **kwargs):
+  def with_out_(into, *args, **kwargs):
     return _check_and_alias(into, fun(*args, **kwargs))
 
-  with_out.__name__ = with_out.__qualname__ = wrapped._name + ".into"
+  with_out_.__name__ = with_out_.__qualname__ = name + ".into"
   try:
     signature = inspect.signature(fun)
   except (TypeError, ValueError):
     signature = None
   if signature is not None:  # keep the parameter names for paths and argnames
     out_param = inspect.Parameter("into", inspect.Parameter.POSITIONAL_ONLY)
-    with_out.__signature__ = signature.replace(
+    with_out_.__signature__ = signature.replace(
         parameters=[out_param, *signature.parameters.values()])
-  return with_out
-
-
-def _wrapper_for(wrapped):
-  """The `donate.jit` of `_with_out(wrapped)`, made once per function."""
-  with _lock:
-    cached = getattr(wrapped, "_into_wrapper", None)
-    if cached is not None:
-      return cached
-    from donate._jit import JitWrapped  # noqa: PLC0415 - _jit imports this module lazily
-    kwargs = dict(wrapped._jit_kwargs)
-    if kwargs.get("static_argnums") is not None:
-      kwargs["static_argnums"] = _shift(kwargs["static_argnums"])
-    in_sh = kwargs.get("in_shardings")
-    if in_sh is not None:
-      kwargs["in_shardings"] = (None, *in_sh) if isinstance(in_sh, (tuple, list)) else in_sh
-    donate_argnums, donate_argnames = wrapped._user_argnums
-    wrapped._into_wrapper = JitWrapped(
-        _with_out(wrapped), _shift(donate_argnums), donate_argnames, wrapped._strict_arg,
-        wrapped._adopt_inner, kwargs, wrapped._copy_threshold, wrapped._symmetric_placement)
-    return wrapped._into_wrapper
+  return with_out_
 
 
 class Into:
-  """`g.into(out)`: call it like `g`; `.plan(...)` and `.lower(...)` as on `g`."""
+  """`g.into(out)`: call it like `g`; `.plan(...)` and `.lower(...)` as on `g`.
 
-  def __init__(self, wrapped, out):
-    _check_buffers(out)
-    self._jitted, self._out = _wrapper_for(wrapped), out
+  `jitted` is the `donate.jit` of `with_out(g's function)`, made once per `g`.
+  """
+
+  def __init__(self, jitted, out):
+    self._jitted, self._out = jitted, out
 
   def __call__(self, *args, **kwargs):
     return self._jitted(self._out, *args, **kwargs)

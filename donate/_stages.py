@@ -26,8 +26,8 @@ def _inputs_flat(tree) -> list:
 class _Stage:
   """The members shared by the three stages, answered in the user's pytrees."""
 
-  def __init__(self, wrapped, prep, jax_stage, jax_native: bool = False):
-    self._wrapped, self._prep, self._jax = wrapped, prep, jax_stage
+  def __init__(self, prep, jax_stage, jax_native: bool = False):
+    self._prep, self._jax = prep, jax_stage
     self._jax_native = jax_native  # made by jax.jit's own lowering, whatever the plan's path
 
   @property
@@ -90,8 +90,8 @@ class Traced(_Stage):
   (['mul'], '<lambda>')
   """
 
-  def __init__(self, wrapped, prep, call):
-    super().__init__(wrapped, prep, prep.traced)
+  def __init__(self, prep, call):
+    super().__init__(prep, prep.traced)
     self._call = call
 
   @property
@@ -117,10 +117,8 @@ class Traced(_Stage):
     kwargs = {k: v for k, v in (("lowering_platforms", lowering_platforms),
                                 ("_private_parameters", _private_parameters)) if v is not None}
     if kwargs:
-      return Lowered(self._wrapped, self._prep, self._call, self._prep.traced.lower(**kwargs),
-                     jax_native=True)
-    return Lowered(self._wrapped, self._prep, self._call,
-                   self._wrapped._lower(self._prep, self._call))
+      return Lowered(self._prep, self._call, self._prep.traced.lower(**kwargs), jax_native=True)
+    return Lowered(self._prep, self._call, self._prep.lower(self._call))
 
   def __call__(self, *args, **kwargs):
     return self._prep.traced(*args, **kwargs)
@@ -139,8 +137,8 @@ class Lowered(_Stage):
   (True, 16)
   """
 
-  def __init__(self, wrapped, prep, call, jax_lowered, jax_native: bool = False):
-    super().__init__(wrapped, prep, jax_lowered, jax_native)
+  def __init__(self, prep, call, jax_lowered, jax_native: bool = False):
+    super().__init__(prep, jax_lowered, jax_native)
     self._call = call
 
   @property
@@ -160,10 +158,9 @@ class Lowered(_Stage):
     """Compiles; the returned `Compiled.plan` has the aliases XLA really made."""
     if self._jax_native:
       compiled = self._jax.compile(compiler_options, device_assignment=device_assignment)
-      return Compiled(self._wrapped, self._prep, compiled, self._prep.plan, jax_native=True)
-    compiled, plan = self._wrapped._compile(self._prep, self._call, compiler_options,
-                                            device_assignment)
-    return Compiled(self._wrapped, self._prep, compiled, plan)
+      return Compiled(self._prep, compiled, self._prep.plan, jax_native=True)
+    compiled, plan = self._prep.compile(self._call, compiler_options, device_assignment)
+    return Compiled(self._prep, compiled, plan)
 
 
 class Compiled(_Stage):
@@ -177,8 +174,8 @@ class Compiled(_Stage):
   ([2.0, 2.0, 2.0, 2.0], True, 0)
   """
 
-  def __init__(self, wrapped, prep, jax_compiled, plan, jax_native: bool = False):
-    super().__init__(wrapped, prep, jax_compiled, jax_native)
+  def __init__(self, prep, jax_compiled, plan, jax_native: bool = False):
+    super().__init__(prep, jax_compiled, jax_native)
     self._plan = plan
 
   @property
@@ -245,12 +242,12 @@ class Compiled(_Stage):
   def __call__(self, *args, **kwargs):
     if self._native:  # jax.jit's own compiled call, with its own argument checks
       if self._plan.bytes_requested:
-        self._check_duplicates(self._wrapped._binding.bind_dynamic(args, kwargs))
+        self._check_duplicates(self._prep.fn.binding.bind_dynamic(args, kwargs))
       return self._jax(*args, **kwargs)
-    call = self._wrapped._binding.bind_dynamic(args, kwargs)
+    call = self._prep.fn.binding.bind_dynamic(args, kwargs)
     if call.treedef != self._prep.call.treedef:
       raise _errors.DonationTypeError(_errors.message(
-          f"{self._wrapped._name}: Function compiled with input pytree does not match the input "
+          f"{self._prep.fn.name}: Function compiled with input pytree does not match the input "
           "pytree it was called with", expected=str(self._prep.call.treedef),
           got=str(call.treedef), fix="call it with arguments of the structure it was lowered "
           "for (static arguments are not passed again), or call the donate.jit function itself"))
@@ -258,5 +255,4 @@ class Compiled(_Stage):
     return self._prep.inner.outputs(self._jax(*call.leaves))
 
   def _check_duplicates(self, call):
-    from donate import _jit  # noqa: PLC0415 - _jit imports this module
-    _jit._check_duplicates(self._prep, call, self._plan)
+    self._prep.check_duplicates(call, self._plan)

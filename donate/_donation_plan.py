@@ -1,50 +1,23 @@
-"""Donation planning: one decision per input leaf, pure data in, pure data out.
+"""The donation plan: what every input leaf's buffer becomes, and how it reads.
 
-`make_plan` reads the facts of one traced call (leaves, outputs, the dataflow of `_dataflow`) and
-decides, for every input leaf, whether it is donated and which output reuses its buffer:
-
-1. collect what was requested (`donate_argnums`/`donate_argnames` as `jax.jit` resolved them,
-   in-function annotations, inner `jax.jit` donation when adopted) and check the annotations
-   (inputs aliased to each other, one source aliased into two outputs);
-2. set aside what cannot be donated, as `jax.jit` does: host values (numpy arrays, Python scalars)
-   are not device buffers, and inputs the computation never reads are left alone;
-3. pair outputs with donated inputs as `jax.jit` keys them (shape, dtype, sharding, memory kind),
-   strongest dataflow first (explicit `alias`, an input returned as is, an in-place update, a loop
-   carry, an elementwise update, then any free output), so `(b.at[0].set(1), a + 1)` pairs
-   b -> [0] and a -> [1];
-4. predict what `jax.jit` does with the rest: a donor when an unpaired output has as many elements,
-   otherwise unusable;
-5. lay the call out so that `jax.jit`'s first-come, first-served pairing yields exactly these pairs:
-   the inputs stay in order, the outputs of the inner computation are reordered when needed.
-
-After compiling, `DonationPlan.realize` folds in the aliases XLA really made and the compiled
-program's memory figures.
+Pure data (frozen dataclasses): `LeafInfo`/`OutputInfo` are the facts of one traced call,
+`LeafDecision` the decision per input leaf, `DonationPlan` the whole plan with its text, HTML and,
+after compiling, the aliases XLA really made (`realize`) and its memory figures (`MemoryStats`).
+`donate._pairing.make_plan` makes the decisions.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import html
 from typing import Any, Sequence
 
-import numpy as np
-
 from donate import _copies
-from donate import _dataflow
 from donate import _errors
 
 ALIASED, DONOR, KEPT, UNUSABLE, UNUSED = "aliased", "donor", "kept", "unusable", "unused"
 DEVICE, ABSTRACT, HOST = "device", "abstract", "host"
 
-_STRENGTH_WORDS = {
-    _dataflow.EXPLICIT: "explicit alias",
-    _dataflow.IDENTITY: "returned unchanged",
-    _dataflow.UPDATE: "updated in place (.at[].set / dynamic_update_slice / scatter)",
-    _dataflow.CARRY: "loop carry updated in place",
-    _dataflow.ELEMENTWISE: "elementwise update of this input",
-    0: "same shape and dtype (no dataflow link)",
-}
 _WIDTH = 100  # the plan's text fits in this many columns
 
 
@@ -65,6 +38,7 @@ class LeafInfo:
   kind: str
   type_name: str
   sharding_obj: Any = dataclasses.field(default=None, compare=False)
+  group_kind: str | None = None  # the memory kind jax.jit pairs by (see _pairing.grouped)
 
   @property
   def is_array(self) -> bool:
@@ -79,6 +53,7 @@ class OutputInfo:
   dtype: str
   nbytes: int
   sharding_obj: Any = dataclasses.field(default=None, compare=False)
+  group_kind: str | None = None  # the memory kind jax.jit pairs by (see _pairing.grouped)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -348,7 +323,7 @@ def _type(d) -> str:
   return f"{d.dtype}[{','.join(map(str, d.shape))}]"
 
 
-def _shape(shape) -> str:
+def shape_text(shape) -> str:
   return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
@@ -359,191 +334,7 @@ def _bytes(n: int) -> str:
   return f"{n} B"
 
 
-def _key(x) -> tuple:
-  """How `jax.jit` groups inputs and outputs for aliasing: shape and dtype (weak types ignored)."""
-  return (tuple(x.shape), x.dtype)
-
-
-def _size(x) -> int:
-  """Elements per device: what `jax.jit` compares when it offers a donor."""
-  shape = tuple(x.shape)
-  sharding = x.sharding_obj
-  if sharding is not None and hasattr(sharding, "shard_shape"):
-    try:
-      shape = tuple(sharding.shard_shape(shape))
-    except Exception:  # a sharding that does not fit the shape: jax.jit reports that itself
-      pass
-  return int(np.prod(shape, dtype=np.int64))
-
-
-def _compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
-  """Whether the output can live in the leaf's buffer: same key, and same layout across devices
-  when both shardings are known."""
-  if _key(leaf) != _key(out):
-    return False
-  a, b = leaf.sharding_obj, out.sharding_obj
-  if a is None or b is None:
-    return True
-  if getattr(a, "memory_kind", None) != getattr(b, "memory_kind", None):
-    return False
-  try:
-    return bool(a.is_equivalent_to(b, len(leaf.shape)))
-  except Exception:  # different device sets or sharding kinds that cannot be compared
-    return False
-
-
-def _check(leaves: Sequence[LeafInfo], flow: _dataflow.Dataflow,
-           outputs: Sequence[OutputInfo]) -> list[str]:
-  problems = []
-  for a in flow.annotations:
-    if a.kind == "alias" and a.origin is not None and a.dst_origin is not None:
-      problems.append(_errors.message(
-          f"alias at {a.where} aliases two inputs to each other: {leaves[a.origin].path} "
-          f"and {leaves[a.dst_origin].path}", fix="alias an input to a value computed from it"))
-  into: dict[int, list[int]] = collections.defaultdict(list)
-  for j in range(len(outputs)):
-    for i in flow.out_explicit[j]:
-      into[i].append(j)
-  for i, outs in into.items():
-    if len(outs) > 1:
-      problems.append(_errors.message(
-          "alias of one source into two outputs", path=leaves[i].path,
-          expected="one output per aliased buffer",
-          got=", ".join(outputs[j].path for j in outs), fix="alias the buffer into one output only"))
-  return problems
-
-
-_WORDS = {"donate_buffer": "donate_buffer", "alias": "alias", "inner_jit": "inner jit donation",
-          "donate_jit": "inner donate.jit"}
-
-
-def _requests(requested: dict[int, str], flow: _dataflow.Dataflow,
-              adopt_inner: bool) -> tuple[dict, list, dict]:
-  """Adds annotations to the requests. Returns (sources, notes, {leaf: ignored inner donation})."""
-  sources = dict(requested)
-  notes, ignored = [], {}
-  for a in flow.annotations:
-    label = f"{_WORDS[a.kind]} at {a.where}"
-    if a.origin is None:
-      notes.append(f"{label} had no effect: the value is an intermediate or a constant, not an "
-                   "input buffer (XLA already reuses intermediates)")
-    elif a.kind == "inner_jit" and not adopt_inner:
-      if a.origin not in sources:
-        ignored.setdefault(a.origin, a.where)
-    elif a.origin not in sources:
-      sources[a.origin] = label
-  for i in list(ignored):
-    if i in sources:
-      del ignored[i]
-  if ignored:
-    notes.append(f"inner jax.jit donation ignored for {len(ignored)} input(s) the caller did not "
-                 "donate (jax.jit ignores it too); donate.jit(..., adopt_inner_donation=True) "
-                 "adopts it")
-  return sources, notes, ignored
-
-
-def _pair(leaves, outputs, donated, flow):
-  """Greedy maximal matching, strongest dataflow link first. Returns {leaf: (output, strength)}."""
-  candidates = []
-  for i in donated:
-    for j, out in enumerate(outputs):
-      if _compatible(leaves[i], out):
-        strength = (_dataflow.EXPLICIT if i in flow.out_explicit[j]
-                    else flow.out_sources[j].get(i, 0))
-        candidates.append((-strength, j, i))
-  pairs, taken = {}, set()
-  for neg, j, i in sorted(candidates):
-    if i not in pairs and j not in taken:
-      pairs[i] = (j, -neg)
-      taken.add(j)
-  return pairs
-
-
-def fcfs_pairs(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo],
-               donated: Sequence[int]) -> dict[int, int]:
-  """What `jax.jit` pairs on one device: each output, in order, takes the first donated input of
-  its shape and dtype not yet taken. Returns {leaf: output}.
-
-  >>> leaf = lambda p: LeafInfo(p, (4,), "float32", 16, "cpu:0", None, DEVICE, "ArrayImpl")
-  >>> out = lambda p: OutputInfo(p, (4,), "float32", 16)
-  >>> fcfs_pairs([leaf("a"), leaf("b")], [out("out[0]"), out("out[1]")], [0, 1])
-  {0: 0, 1: 1}
-  """
-  queues: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
-  for i in sorted(donated):
-    queues[_key(leaves[i])].append(i)
-  pairs = {}
-  for j, out in enumerate(outputs):
-    queue = queues.get(_key(out))
-    if queue:
-      pairs[queue.popleft()] = j
-  return pairs
-
-
-def _donors(leaves, outputs, donated, pairs, xla_decides: bool = False) -> dict[int, int | None]:
-  """`jax.jit`'s second chance: a donated input left over becomes a buffer donor when an unpaired
-  output has as many elements (first come, first served); XLA decides whether to reuse it.
-
-  With `xla_decides` (a program over several devices whose output shardings are not all given),
-  `jax.jit` hands every donated input to XLA as a donor: XLA pairs them after partitioning.
-  """
-  if xla_decides:
-    return {i: None for i in donated if i not in pairs}
-  free = collections.defaultdict(collections.deque)
-  paired_outs = {j for j, _ in pairs.values()}
-  for j, o in enumerate(outputs):
-    if j not in paired_outs:
-      free[_size(o)].append(j)
-  donor_out = {}
-  for i in donated:
-    if i not in pairs and free[_size(leaves[i])]:
-      donor_out[i] = free[_size(leaves[i])].popleft()
-  return donor_out
-
-
-def _layout(leaves, outputs, pairs, donor_out, xla_decides: bool = False) -> Layout:
-  """The inner computation's donated leaves and output order, so that first come, first served
-  yields `pairs`: in each (shape, dtype) group the k-th output gets the k-th donated input."""
-  paired_out = {j: i for i, (j, _) in pairs.items()}
-  by_input = sorted(paired_out, key=paired_out.__getitem__)
-  order = by_input + [j for j in range(len(outputs)) if j not in paired_out]
-  # A donor must not come before a paired input of its own group: it would take that output.
-  last_paired = {}
-  for i in pairs:
-    last_paired[_key(leaves[i])] = max(i, last_paired.get(_key(leaves[i]), -1))
-  donors = [i for i in donor_out if xla_decides or i > last_paired.get(_key(leaves[i]), -1)]
-  donated = tuple(sorted(set(pairs) | set(donors)))
-  out_order = tuple(order) if order != list(range(len(outputs))) else None
-  return Layout(donated, out_order)
-
-
-def _unusable_reason(leaf, outputs, pairs, leaves) -> str:
-  taken = {j: i for i, (j, _) in pairs.items()}
-  same = [j for j, o in enumerate(outputs) if _key(o) == _key(leaf)]
-  if same:
-    usable = [j for j in same if _compatible(leaf, outputs[j])]
-    if not usable:
-      o = outputs[same[0]]
-      return (f"not usable: sharding differs (in {_sharding_text(leaf.sharding_obj)}, "
-              f"out {_sharding_text(o.sharding_obj)})")
-    j = usable[0]
-    return (f"output {outputs[j].path} has its shape and dtype but already reuses "
-            f"{leaves[taken[j]].path}")
-  if not outputs:
-    return "the function has no outputs"
-
-  def distance(o):
-    return (o.dtype != leaf.dtype, abs(o.nbytes - leaf.nbytes), o.shape != leaf.shape)
-  o = min(outputs, key=distance)
-  fields = []
-  if o.shape != leaf.shape:
-    fields.append(f"shape {_shape(o.shape)} vs {_shape(leaf.shape)}")
-  if o.dtype != leaf.dtype:
-    fields.append(f"dtype {o.dtype} vs {leaf.dtype}")
-  return f"no output of its shape and dtype; nearest is {o.path}: " + ", ".join(fields)
-
-
-def _sharding_text(sharding) -> str:
+def sharding_text(sharding) -> str:
   return sharding_str(sharding) if sharding is not None else "unknown"
 
 
@@ -575,63 +366,3 @@ def sharding_str(sharding) -> str:
   if kind not in (None, "device"):
     text += f"@{kind}"
   return text
-
-
-def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -> LeafDecision:
-  if not source:
-    action, out, reason = KEPT, None, "not donated"
-    if i in ignored:
-      reason = (f"not donated: inner jax.jit donation at {ignored[i]} ignored (the caller did "
-                "not donate this argument)")
-  elif leaf.kind == HOST:
-    action, out, reason = KEPT, None, f"{NOT_A_DEVICE_BUFFER} ({leaf.type_name})"
-  elif not used:
-    action, out = UNUSED, None
-    reason = ("the computation does not read it; it stays alive, as in jax.jit "
-              "(keep_unused=True donates it)")
-  elif i in pairs:
-    j, strength = pairs[i]
-    action, out, reason = ALIASED, outputs[j].path, _STRENGTH_WORDS[strength]
-  elif i in donor_out:
-    action, out = DONOR, None
-    reason = ("a buffer donor: XLA pairs it with an output after partitioning" if donor_out[i]
-              is None else f"no free output of its shape and dtype; XLA may reuse it for "
-              f"{outputs[donor_out[i]].path}")
-  else:
-    action, out, reason = UNUSABLE, None, _unusable_reason(leaf, outputs, pairs, leaves)
-  return LeafDecision(leaf.path, leaf.shape, leaf.dtype, leaf.nbytes, leaf.sharding,
-                      leaf.memory_kind, bool(source), source or "-", action, out, reason)
-
-
-def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo],
-              requested: dict[int, str], flow: _dataflow.Dataflow, *,
-              keep_unused: bool = False, adopt_inner: bool = False,
-              xla_decides: bool = False) -> DonationPlan:
-  """Decides every input leaf; raises one DonationError listing every misuse found.
-
-  Args:
-    function: the function's name, for messages.
-    leaves: facts about every input leaf, in flat order.
-    outputs: facts about every output leaf, in flat order.
-    requested: leaf index -> how donation was requested ("donate_argnums", ...).
-    flow: the dataflow of the traced program (`_dataflow.analyze`).
-    keep_unused: keep unread inputs in the computation (as `jax.jit(keep_unused=True)`).
-    adopt_inner: honour `jax.jit(donate_argnums=...)` of inner calls on the outer inputs.
-    xla_decides: the program spans several devices and not every output sharding is given:
-      `jax.jit` offers every donated input to XLA as a donor (see `_donors`).
-  """
-  sources, notes, ignored = _requests(requested, flow, adopt_inner)
-  problems = _check(leaves, flow, outputs)
-  if problems:
-    raise _errors.DonationError("\n".join(problems))
-  used = [keep_unused or u for u in flow.used]
-  donated = [i for i in sorted(sources) if used[i] and leaves[i].is_array]
-  pairs = _pair(leaves, outputs, donated, flow)
-  explicit = set().union(*flow.out_explicit) if flow.out_explicit else set()
-  donor_out = _donors(leaves, outputs, [i for i in donated if i not in explicit], pairs,
-                      xla_decides)
-  layout = _layout(leaves, outputs, pairs, donor_out, xla_decides)
-  donor_out = {i: j for i, j in donor_out.items() if i in layout.donated}
-  decisions = tuple(_decide(i, leaf, sources.get(i, ""), used[i], pairs, donor_out, outputs,
-                            leaves, ignored) for i, leaf in enumerate(leaves))
-  return DonationPlan(function, decisions, tuple(outputs), tuple(notes), layout)

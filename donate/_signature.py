@@ -1,0 +1,295 @@
+"""One planned call signature of a `donate.jit` function: trace -> plan -> lower -> compile -> run.
+
+`prepare` plans a traced signature (`_pairing.make_plan`) and decides how it runs:
+
+* the plan equals what `jax.jit` does by itself (the common case: the same pairs, no in-function
+  annotations): the gate, a `jax.jit` of the user's function, lowers, compiles and runs it, so the
+  call, its staged objects, its caches and its errors are `jax.jit`'s own (`Prepared.native`);
+* donate does better (dataflow pairing where first come, first served would copy, `donate_buffer`
+  and `alias` anywhere inside, preallocated outputs, symmetric-memory marks): an inner
+  `jax.jit(replay, donate_argnums=plan.layout.donated)` over the flat leaves replays the traced
+  jaxpr with its outputs reordered, so `jax.jit`'s first-come, first-served pairing makes exactly
+  the planned `tf.aliasing_output` attributes (`Prepared.inner`).
+
+`Prepared.compile` reads the compiled module's `input_output_alias`, memory figures, copies and
+placements into the plan (`_compiled.realize`) before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+import warnings
+from typing import Any, Callable
+
+import jax
+from jax import tree_util
+
+from donate import _binding
+from donate import _compiled
+from donate import _copies
+from donate import _dataflow
+from donate import _errors
+from donate import _gate
+from donate import _options
+from donate import _pairing
+from donate import _donation_plan
+from donate import _symm
+from donate import _compat
+from donate._primitives import remember_donate_jit
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Function:
+  """What every signature of one `donate.jit` function shares (no reference back to it)."""
+  fun: Callable  # the user's function
+  name: str  # its name in messages
+  jitted: Callable  # the gate: jax.jit of the gated stand-in, with the user's keywords
+  gate: _gate.Gate
+  binding: _binding.Binding
+  options: _options.Options
+
+
+@dataclasses.dataclass(eq=False)
+class Inner:
+  """The re-laid-out computation of one signature: a `jax.jit` over the flat leaves."""
+  jitted: Callable
+  out_order: tuple[int, ...] | None
+  out_tree: Any
+
+  def outputs(self, flat) -> Any:
+    if self.out_order is not None:
+      user = [None] * len(flat)
+      for k, j in enumerate(self.out_order):
+        user[j] = flat[k]
+      flat = user
+    return tree_util.tree_unflatten(self.out_tree, flat)
+
+  def __call__(self, leaves):
+    return self.outputs(self.jitted(*leaves))
+
+
+@dataclasses.dataclass(eq=False)
+class Prepared:
+  """One planned signature: its trace, plan, how it runs, and its staged objects once made.
+
+  It holds no reference back to its `JitWrapped` (no cycle), so dropping the function frees
+  everything at once, as dropping a `jax.jit` function does.
+  """
+  fn: Function
+  call: _binding.Call  # the call's structure (its leaves are not kept)
+  traced: Any  # jax.stages.Traced of the gate
+  plan: _donation_plan.DonationPlan
+  native: bool  # True: the gate runs it (jax.jit's own plan); False: the inner jit does
+  inner: Inner | None
+  lowered: Any = None  # jax.stages.Lowered
+  compiled: Any = None  # jax.stages.Compiled
+  comm: tuple = ()  # the values marked for symmetric memory (`_symm.comm_buffers`)
+  placement: Any = None  # the `_symm` placement policy, on GPU targets with marked values
+  in_paths: list | None = None  # the compiled module's parameters as the user's leaf paths
+  lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+  @property
+  def donated(self) -> frozenset[int]:
+    """The leaves the program donates (as `jax.jit`'s `args_info[...].donated` reports them)."""
+    if self.native:
+      return frozenset(self.fn.binding.donated_leaves(self.call))
+    return frozenset(self.plan.layout.donated)
+
+  def run(self, args, kwargs, leaves):
+    if self.native:
+      return self.fn.jitted(*args, **kwargs)
+    return self.inner(leaves)
+
+  def lower(self, call: _binding.Call, **lower_kwargs):
+    """The jax.stages.Lowered of this signature; warns (or raises) for unusable donations."""
+    with self.lock:
+      if self.lowered is not None and not lower_kwargs:
+        return self.lowered
+      explicit = [d for d in self.plan.unusable if d.source.startswith("alias at ")]
+      if explicit or (self.fn.options.strict_unusable and self.plan.unusable):
+        raise _errors.DonationError("donate: " + self.plan.explain_unusable(explicit or None))
+      with self.fn.gate, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
+        if self.native:
+          lowered = self.traced.lower(**lower_kwargs)
+        else:
+          inner_traced = self.inner.jitted.trace(*call.leaves)
+          remember_donate_jit(inner_traced.jaxpr)
+          lowered = inner_traced.lower(**lower_kwargs)
+      if lower_kwargs:
+        return lowered
+      if self.plan.unusable:
+        warnings.warn(self.plan.explain_unusable(), _errors.UnusableDonationWarning,
+                      stacklevel=_user_stacklevel())
+      self.lowered = lowered
+      return lowered
+
+  def compile(self, call: _binding.Call, compiler_options=None, device_assignment=None):
+    """`(compiled, plan)`: compiles and folds the compiled aliases into the plan."""
+    lowered = self.lower(call)
+    with self.lock:
+      if self.compiled is not None and compiler_options is None and device_assignment is None:
+        return self.compiled, self.plan
+      kwargs = {}
+      if compiler_options is not None:
+        kwargs["compiler_options"] = compiler_options
+      if device_assignment is not None:
+        kwargs["device_assignment"] = device_assignment
+      compiled = lowered.compile(**kwargs)
+      options = self.fn.options
+      plan = _compiled.realize(self, lowered, compiled, options.copy_threshold)
+      explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
+      if explicit or (options.strict_unusable and len(plan.unusable) > len(self.plan.unusable)):
+        raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
+      copied = _copies.strict_problems(plan.copies, self.fn.name) if options.strict_copies else []
+      if copied:
+        raise _errors.DonationError("\n".join(copied))
+      if plan.placements is not None:
+        plan.placements.check(strict=options.strict_unusable)
+      if not kwargs:
+        self.compiled, self.plan = compiled, plan
+      return compiled, plan
+
+  def check_duplicates(self, call: _binding.Call, plan: _donation_plan.DonationPlan | None = None):
+    """The same buffer twice where one is donated: raise before dispatch, naming both leaves."""
+    plan = plan or self.plan
+    consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
+    if not consumed:
+      return
+    seen: dict[int, int] = {}
+    for i, x in enumerate(call.leaves):
+      if isinstance(x, jax.Array):
+        j = seen.setdefault(id(x), i)
+        if j != i and (i in consumed or j in consumed):
+          d = plan.decisions
+          raise _errors.DonationRuntimeError(_errors.message(
+              f"the same array is passed twice to {self.fn.name}, once as {d[j].path} and "
+              f"once as {d[i].path}, and at least one is donated", expected="distinct buffers",
+              got="one buffer in two places",
+              fix="pass a copy (x.copy()) in one place or do not donate it"))
+
+
+def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
+  """Plans one traced signature and builds what runs it; lowers and compiles nothing."""
+  n_consts = _compat.traced_num_consts(traced)
+  closed = traced.jaxpr
+  marked = _symm.mark_required(closed)
+  flow = _dataflow.analyze(marked, skip=n_consts)
+  leaves, outputs, in_sh, out_sh, has_layouts = _arguments(fn, call, traced)
+  requested = fn.binding.donated_leaves(call)
+  plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked)
+  platform = _symm.target_platform([l.sharding_obj for l in leaves]
+                                   + [o.sharding_obj for o in outputs], jax.default_backend())
+  policy = _symm.placement_policy(platform, comm, enabled=fn.options.symmetric_placement)
+  gpu_options = dict(policy.options)
+  if gpu_options:
+    plan = dataclasses.replace(plan, notes=plan.notes + policy.placed_too)
+  native = (marked is closed and not gpu_options
+            and _is_native(fn.options, plan, leaves, outputs, requested, flow))
+  if has_layouts or n_consts:
+    native = True  # layouts and hoisted consts: only jax.jit's own path handles them
+  inner = None if native else _inner(fn, marked, plan, traced, in_sh, out_sh, gpu_options)
+  structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
+  return Prepared(fn, structure, traced, plan, native, inner, comm=tuple(comm),
+                  placement=policy if gpu_options else None)
+
+
+def _arguments(fn: Function, call: _binding.Call, traced):
+  """The argument leaves and outputs as the planner sees them, and the traced shardings."""
+  paths = fn.binding.paths(call)
+  leaves = [_binding.leaf_info(p, x) for p, x in zip(paths, call.leaves)]
+  in_sh, out_sh, has_layouts = _compat.traced_flat_shardings(traced)
+  leaves = [dataclasses.replace(l, sharding_obj=s) if l.sharding_obj is None and s is not None
+            else l for l, s in zip(leaves, in_sh)]
+  out_paths = ["out" + tree_util.keystr(tuple(kp)) for kp, _ in tree_util.tree_flatten_with_path(
+      tree_util.tree_unflatten(traced.out_tree, [0] * traced.out_tree.num_leaves))[0]]
+  outputs = [_donation_plan.OutputInfo(p, tuple(a.shape), str(a.dtype), _binding.aval_nbytes(a), s)
+             if hasattr(a, "shape") else _donation_plan.OutputInfo(p, (), type(a).__name__, 0)
+             for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh)]
+  return leaves, outputs, in_sh, out_sh, has_layouts
+
+
+def _make_plan(fn: Function, leaves, outputs, requested, flow, marked):
+  """The donation plan, with the symmetric-memory notes; `strict` rejects host leaves here."""
+  options = fn.options
+  xla_decides = _multi_device(leaves, outputs) and any(o.sharding_obj is None for o in outputs)
+  plan = _pairing.make_plan(fn.name, leaves, outputs, requested, flow,
+                         keep_unused=options.keep_unused, adopt_inner=options.adopt_inner,
+                         xla_decides=xla_decides)
+  comm = _symm.comm_buffers(marked)
+  if comm:
+    plan = dataclasses.replace(
+        plan, notes=plan.notes + tuple(_symm.comm_buffer_report(comm)),
+        collective_memory_bytes=_symm.collective_memory_bytes(comm))
+  if options.strict_unusable and any(d.reason.startswith(_donation_plan.NOT_A_DEVICE_BUFFER)
+                                     for d in plan.decisions if d.requested):
+    raise _errors.DonationError(plan.explain_host())
+  return plan, comm
+
+
+def _is_native(options, plan, leaves, outputs, requested, flow) -> bool:
+  """Whether `jax.jit`'s own lowering makes the plan: same donated leaves, same pairs."""
+  if any(a.kind != "inner_jit" or options.adopt_inner for a in flow.annotations):
+    return False
+  used = [options.keep_unused or u for u in flow.used]
+  consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
+  jax_donated = [i for i in requested if used[i]]
+  if not consumed <= set(jax_donated):
+    return False
+  if _multi_device(leaves, outputs):
+    return True  # jax.jit hands every donation to XLA as a donor; XLA pairs them either way
+  fcfs = _pairing.fcfs_pairs(leaves, outputs, jax_donated)
+  planned = plan.pairs()
+  device = {i for i, l in enumerate(leaves) if l.kind != _donation_plan.HOST}
+  return {i: j for i, j in fcfs.items() if i in device} == planned
+
+
+def _inner(fn: Function, closed, plan, traced, in_sh, out_sh, gpu_options) -> Inner:
+  layout = plan.layout
+  order = layout.out_order
+  gate, jaxpr, consts = fn.gate, closed.jaxpr, closed.consts
+
+  def replay(*leaves):
+    if not gate.is_open:
+      raise _gate.Replan()
+    outs = jax.core.eval_jaxpr(jaxpr, consts, *leaves)
+    return [outs[j] for j in order] if order is not None else list(outs)
+
+  replay.__name__ = replay.__qualname__ = getattr(fn.fun, "__name__", "fun")
+  kwargs = {k: v for k, v in fn.options.jit_kwargs.items()
+            if k in ("keep_unused", "compiler_options", "inline")}
+  if gpu_options:
+    kwargs["compiler_options"] = {**gpu_options, **(kwargs.get("compiler_options") or {})}
+  if any(s is not None for s in in_sh):
+    kwargs["in_shardings"] = tuple(in_sh)
+  if any(s is not None for s in out_sh):
+    kwargs["out_shardings"] = [out_sh[j] for j in order] if order is not None else list(out_sh)
+  jitted = jax.jit(replay, donate_argnums=layout.donated, **kwargs)
+  return Inner(jitted, order, traced.out_tree)
+
+
+def _multi_device(leaves, outputs) -> bool:
+  shardings = [l.sharding_obj for l in leaves] + [o.sharding_obj for o in outputs]
+  return any(_num_devices(s) > 1 for s in shardings if s is not None)
+
+
+def _num_devices(sharding) -> int:
+  """Devices a sharding spans; abstract meshes (no devices) count by their size."""
+  try:
+    return len(sharding.device_set)
+  except Exception:  # an AbstractMesh has no devices
+    mesh = getattr(sharding, "mesh", None)
+    return int(getattr(mesh, "size", 1) or 1)
+
+
+def _user_stacklevel() -> int:
+  """The `warnings.warn` stacklevel of the first caller outside this package and JAX."""
+  hidden = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+            os.path.dirname(os.path.abspath(jax.__file__)) + os.sep)
+  frame, level = sys._getframe(1), 1
+  while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(hidden):
+    frame, level = frame.f_back, level + 1
+  return level
