@@ -15,13 +15,13 @@ import warnings
 
 from donate import _hlo_text
 from donate._errors import DonationError
+from donate._errors import SymmetricMemoryWarning
 from donate._errors import message
-from donate._symm_place import KIND_OF_PRIMITIVE
-from donate._symm_place import MODE_OPTIONS
-from donate._symm_place import SYMMETRIC
-from donate._symm_place import process_spec
-from donate._symm_place import spec_supported
-from donate._symm_trace import SymmetricMemoryWarning
+from donate._symm.xla import KIND_OF_PRIMITIVE
+from donate._symm.xla import MODE_OPTIONS
+from donate._symm.xla import SYMMETRIC
+from donate._symm.xla import process_spec
+from donate._symm.xla import spec_supported
 
 _THROUGH = ("bitcast", "copy", "reshape", "get-tuple-element", "tuple", "optimization-barrier")
 _DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",

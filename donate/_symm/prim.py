@@ -35,7 +35,7 @@ What each piece drives in XLA:
   with ``ncclMemAlloc`` from the collective allocator sized by
   ``XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB`` and registered with NCCL
   (``xla_gpu_experimental_enable_nccl_symmetric_buffers`` registers it as an NCCL symmetric
-  window). ``donate._symm_xla.gpu_compile_options`` turns those flags on.
+  window). ``donate._symm.xla.gpu_compile_options`` turns those flags on.
 * The ``donate.*`` frontend attributes are read by no XLA pass (XLA has no per-value switch for
   memory space 1 that a frontend can set): they make each symmetric value, its kind and group
   visible in the lowered module and in HLO dumps, so a reader, a test or a future XLA pass can
@@ -59,8 +59,8 @@ from jax.interpreters import mlir
 
 from donate._errors import DonationError
 from donate._errors import message
-from donate._symm_compat import bound_axis_names
 from donate._jaxprs import VIEWS
+from donate._symm_compat import bound_axis_names
 
 SOURCES = ("with_symmetric", "requires_symmetric", "context")
 """The legal values of ``symmetric_p``'s ``source`` param."""

@@ -18,25 +18,18 @@ import dataclasses
 import warnings
 from typing import Any
 
-from donate._symm_compat import source_line
-from donate._symm_prim import context_spec
-from donate._symm_prim import symmetric_p
-from donate._symm_registry import COLLECTIVE_PRIMITIVES
-from donate._symm_registry import requirements
+from donate._errors import SymmetricMemoryWarning
 from donate._jaxprs import CALL_LIKE
 from donate._jaxprs import CUSTOM_OPS
 from donate._jaxprs import VIEWS
 from donate._jaxprs import is_var
 from donate._jaxprs import nbytes
 from donate._jaxprs import subs
-
-
-class SymmetricMemoryWarning(UserWarning):
-  """Warned for symmetric buffers that waste or cannot keep collective memory.
-
-  >>> issubclass(SymmetricMemoryWarning, UserWarning)
-  True
-  """
+from donate._symm.prim import context_spec
+from donate._symm.prim import symmetric_p
+from donate._symm.registry import COLLECTIVE_PRIMITIVES
+from donate._symm.registry import requirements
+from donate._symm_compat import source_line
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -323,7 +316,7 @@ def comm_buffers(closed_jaxpr) -> tuple[CommBuffer, ...]:
 
   >>> import jax, jax.numpy as jnp, numpy as np
   >>> from jax.sharding import Mesh, PartitionSpec as P
-  >>> from donate._symm_prim import mark
+  >>> from donate._symm.prim import mark
   >>> mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
   >>> def body(x):
   ...   y = jnp.sin(x)
