@@ -14,9 +14,7 @@ from jax.sharding import PartitionSpec as P
 from donate import symm
 from donate._errors import DonationError
 from donate._symm import prim
-from donate._symm import size
 from donate._symm import trace
-from donate._symm import xla
 
 N = 8
 MESH = Mesh(np.array(jax.devices()[:N]), ("i",))
@@ -253,30 +251,6 @@ def test_marking_is_visible_in_the_lowered_module():
   text = replay.lower(X).as_text()  # the operand is an argument: a marked barrier carries it.
   assert re.search(r'optimization_barrier \{mhlo\.frontend_attributes = \{[^}]*'
                    r'donate\.source = "requires_symmetric"', text)
-
-
-def test_gpu_compile_options_only_for_gpu_platforms():
-  bufs = symm.comm_buffers(jax.make_jaxpr(
-      smap(lambda v: lax.psum(symm.with_symmetric(v * 2, "i"), "i")))(X))
-  cuda = xla.gpu_compile_options("cuda", bufs)
-  assert cuda == {"xla_gpu_enable_nccl_user_buffers": True,
-                  "xla_gpu_experimental_enable_nccl_symmetric_buffers": True}
-  assert xla.gpu_compile_options("rocm", bufs) == {"xla_gpu_enable_nccl_user_buffers": True}
-  assert xla.gpu_compile_options("cpu", bufs) == {} == xla.gpu_compile_options("tpu", bufs)
-  assert xla.gpu_compile_options("cuda", ()) == {}
-  # Every name is a real XLA debug option: XLA rejects unknown ones ("No such compile option").
-  assert float(jax.jit(jnp.sin, compiler_options=cuda)(0.0)) == 0.0
-  with pytest.raises(Exception, match="No such compile option"):
-    jax.jit(jnp.sin, compiler_options={"xla_gpu_enable_nccl_user_buffer": True})(0.0)
-
-
-def test_collective_memory_size_rounds_up_to_mb():
-  assert size.collective_memory_bytes([192, 64]) == 256
-  assert size.collective_memory_mb(0) == 0 and size.collective_memory_mb(1) == 1
-  assert size.collective_memory_mb((3 << 20) + 1) == 4
-  assert size.collective_memory_env(5 << 20) == {"XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB": "5"}
-  with pytest.raises(DonationError, match="cannot size"):
-    size.collective_memory_bytes(["64"])
 
 
 def test_unbound_axis_names_raise_a_clear_error():

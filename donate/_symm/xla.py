@@ -155,11 +155,22 @@ def configure(*collectives: str) -> tuple[SpecEntry, ...]:
         fix="call donate.symm.configure(...) right after import donate, or set "
         f"XLA_FLAGS={FLAG}={','.join(map(str, entries))} in the environment"))
   require_spec_support(jaxlib.__version__)
-  flags = re.sub(FLAG + r"=\S+", "", os.environ.get("XLA_FLAGS", "")).split()
+  os.environ["XLA_FLAGS"] = flags_with_spec(os.environ.get("XLA_FLAGS", ""), entries)
+  return entries
+
+
+def flags_with_spec(xla_flags: str, entries) -> str:
+  """``xla_flags`` with its process-wide spec replaced by ``entries`` (removed if there are none).
+
+  >>> flags_with_spec(f"--a=1 {FLAG}=AllGather", parse_spec("AllReduce:64"))
+  '--a=1 --xla_enable_nccl_symmetric_buffers_for_collectives=AllReduce:64'
+  >>> flags_with_spec(f"{FLAG}=AllGather --a=1", ())
+  '--a=1'
+  """
+  flags = re.sub(FLAG + r"=\S+", "", xla_flags).split()
   if entries:
     flags.append(f"{FLAG}={','.join(map(str, entries))}")
-  os.environ["XLA_FLAGS"] = " ".join(flags)
-  return entries
+  return " ".join(flags)
 
 
 def gpu_compile_options(platform: str, comm_buffers) -> dict[str, str | bool | int]:
