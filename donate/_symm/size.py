@@ -149,6 +149,11 @@ def xla_collective_memory(lowered, compiler_options: dict | None = None):
 
   Returns:
     ``(compiled, XlaCollectiveMemory)``.
+
+  >>> import jax, jax.numpy as jnp
+  >>> compiled, memory = xla_collective_memory(jax.jit(jnp.sin).lower(jnp.ones(4)))
+  >>> memory.nbytes, memory.env  # a CPU program: no collective memory
+  (0, {'XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB': '0'})
   """
   with tempfile.TemporaryDirectory(prefix="donate-xla-dump-") as directory:
     compiled = lowered.compile(compiler_options={**(compiler_options or {}),

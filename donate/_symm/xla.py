@@ -300,6 +300,16 @@ def placement_policy(platform: str, comm_buffers, *, enabled: bool = True) -> Pl
 
   Returns:
     A ``PlacementPolicy``; its ``options`` are empty off GPUs, without annotations, or disabled.
+
+  >>> import jax, jax.numpy as jnp, donate
+  >>> step = lambda v: jax.lax.all_gather(donate.with_symmetric(v * 2, "i"), "i")
+  >>> bufs = donate.symm.comm_buffers(jax.make_jaxpr(step, axis_env=[("i", 1)])(jnp.ones(2)))
+  >>> placement_policy("cuda", bufs).options
+  {'xla_gpu_all_gather_mode': 'COLLECTIVES_SYMMETRIC_MEMORY'}
+  >>> placement_policy("cuda", bufs).placed_too
+  ('every un-annotated all-gather of the program is placed too: ...',)
+  >>> placement_policy("cpu", bufs).options
+  {}
   """
   platform, process = str(platform).lower(), process_spec()
   kinds, unknown = annotated_kinds(comm_buffers)
