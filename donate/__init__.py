@@ -3,6 +3,7 @@
 from donate import planner as planner
 from donate import targets as targets
 from donate._errors import DonationError as DonationError
+from donate._errors import SymmetricMemoryWarning as SymmetricMemoryWarning
 from donate._errors import UnusableDonationWarning as UnusableDonationWarning
 from donate._donation_plan import DonationPlan as DonationPlan
 from donate._donation_plan import LeafDecision as LeafDecision
@@ -21,6 +22,7 @@ __all__ = [
     "DonationPlan",
     "LeafDecision",
     "MemoryStats",
+    "SymmetricMemoryWarning",
     "UnusableDonationWarning",
     "alias",
     "donate_buffer",

@@ -1,4 +1,4 @@
-"""The library's one exception family and its warning class.
+"""The library's one exception family and its warning classes.
 
 Every message has one shape: what went wrong, which leaf (by pytree path), what was expected and
 what was received, and how to fix it.
@@ -57,6 +57,19 @@ class UnusableDonationWarning(UserWarning):
 
   >>> import donate
   >>> issubclass(donate.UnusableDonationWarning, UserWarning)
+  True
+  """
+
+
+class SymmetricMemoryWarning(UserWarning):
+  """Warned (outside strict mode) when an annotated value did not land in collective memory.
+
+  ``donate.jit`` warns it after compiling for a GPU target, one warning per such value, naming the
+  collective and the reason (``PlacementReport.check``); the over-allocation and unused-mark notes
+  of ``donate._symm.trace.comm_buffer_report`` use it too when asked to warn.
+
+  >>> import donate
+  >>> issubclass(donate.SymmetricMemoryWarning, UserWarning)
   True
   """
 

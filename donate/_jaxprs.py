@@ -21,11 +21,6 @@ import numpy as np
 from donate import _compat
 from donate import _primitives
 
-# Until the symmetric-memory modules read donate._primitives directly.
-CALL_LIKE = _primitives.CALL
-CUSTOM_OPS = _primitives.CUSTOM
-VIEWS = _primitives.TRACE_BACK_VIEWS
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Sub:

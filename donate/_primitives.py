@@ -61,10 +61,11 @@ CUSTOM = frozenset({
 LOOP = frozenset({"scan", "while"})
 """Loops; ``donate._compat.loop_layout`` decodes their operands."""
 
-TRACE_BACK_VIEWS = IDENTITY | VIEW | frozenset({
-    "broadcast_in_dim", "convert_element_type", "transpose", "copy", "copy_p", "reduce_precision",
+TRACE_BACK_VIEWS = VIEW | frozenset({
+    "pvary", "pbroadcast", "pcast", "symmetric", "donate_buffer", "broadcast_in_dim",
+    "convert_element_type", "transpose", "copy", "copy_p", "reduce_precision",
 })
-"""Ops XLA fuses into their producer: a value's buffer is traced back through them."""
+"""One-operand ops XLA fuses into their producer: a value's buffer is traced back through them."""
 
 VERSION_SPECIFIC = frozenset({
     "pcast", "copy_p", "scatter_add", "scatter_mul", "scatter_min", "scatter_max", "scatter_sub",

@@ -1,20 +1,33 @@
-"""Symmetric-memory annotations for collectives (source document 2, the symmetric-memory RFC).
+"""Symmetric memory for collectives: annotate the values, place them on GPUs, check where they landed.
 
 Three ways to say "this value feeds a collective, give it symmetric memory":
 
 * ``with_symmetric(x, axis_name)``: annotate a value, like ``with_sharding_constraint``;
-* ``requires_symmetric(collective, argnums=0)``: declare once, per collective, which inputs need it;
+* ``requires_symmetric(collective, argnums=0)``: declare once, per collective, which inputs need it
+  (``registered_requirements`` lists the JAX collectives registered, ``clear_requirements`` undoes
+  them);
 * ``with symmetric_memory(axis_name):``: everything produced inside (e.g. a custom op's outputs).
 
-``donate.jit`` then traces the function, calls ``mark_required`` (registered collectives and
-contexts become explicit marks), finds the buffers with ``comm_buffers`` (each mark traced back to
-the op that materialises the value) and lowers with the marks visible in StableHLO. On a GPU target
-(``target_platform``), ``compile_options_for`` gives the XLA options that place the annotated
-collectives in collective memory, ``placement_report`` reads from the compiled program where each
-annotated value landed, and ``xla_collective_memory`` sizes XLA's collective allocation;
-``check_placement`` runs all of it with plain ``jax.jit`` (see ``donate.targets`` for abstract
-H100/B200 meshes). Outside a trace every annotation returns its input untouched, so eager code
-behaves as without the library.
+``donate.jit`` does the rest by itself. To do it step by step with plain ``jax.jit``:
+
+* ``mark_required(closed_jaxpr)``: registered collectives and contexts become explicit marks;
+  ``comm_buffers(closed_jaxpr)``: each mark traced back to the op that materialises the value
+  (one ``CommBuffer`` each);
+* ``target_platform(shardings, default_backend)``: the platform a program compiles for;
+  ``placement_policy(platform, comm_buffers)`` (a ``PlacementPolicy``) and
+  ``compile_options_for(...)``: the XLA options that place the annotated collectives in collective
+  memory on a GPU target; ``configure(...)``: XLA's process-wide per-collective setting, before
+  JAX starts;
+* ``placement_report(compiled_hlo_text, comm_buffers)``: where each annotated value landed
+  (a ``PlacementReport`` of ``Placement``s; a missed placement warns ``SymmetricMemoryWarning``);
+* ``xla_collective_memory(lowered, options)``: XLA's collective allocation and the
+  ``XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB`` setting (``XlaCollectiveMemory``);
+  ``sizing_table(rows)``: XLA's allocation beside the planner's pools (``SizingRow``);
+* ``check_placement(fun, *args)``: all of the above for one program (a ``PlacementCheck``); see
+  ``donate.targets`` for abstract H100/B200 meshes to compile for on any machine.
+
+Outside a trace every annotation returns its input untouched, so eager code behaves as without the
+library.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jax.sharding import Mesh, PartitionSpec as P
@@ -31,62 +44,78 @@ behaves as without the library.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import inspect
+from collections.abc import Sequence
 
 import jax
 
+from donate import planner
 from donate._errors import DonationError
+from donate._errors import SymmetricMemoryWarning as SymmetricMemoryWarning
 from donate._errors import message
-from donate._symm import COLLECTIVE_MEMORY_SPACE as COLLECTIVE_MEMORY_SPACE
-from donate._symm import CommBuffer as CommBuffer
-from donate._symm import SymmetricMemoryWarning as SymmetricMemoryWarning
-from donate._symm import collective_memory_bytes as collective_memory_bytes
-from donate._symm import collective_memory_env as collective_memory_env
-from donate._symm import collective_memory_mb as collective_memory_mb
-from donate._symm import comm_buffer_report as comm_buffer_report
-from donate._symm import comm_buffers as comm_buffers
-from donate._symm import gpu_compile_options as gpu_compile_options
-from donate._symm import mark
-from donate._symm import mark_required as mark_required
-from donate._symm import symmetric_p as symmetric_p
-from donate._symm_compat import bound_axis_names
-from donate._symm_prim import check_bound
-from donate._symm_prim import check_kind
-from donate._symm_prim import normalize_axes
-from donate._symm_prim import scope_name
-from donate._symm_registry import Requirement as Requirement
-from donate._symm_registry import builtin_argnums
-from donate._symm_registry import clear as _clear
-from donate._symm_registry import collective_primitive_names
-from donate._symm_registry import register
-from donate._symm_registry import requirements as _requirements
-from donate._symm_place import PlacementPolicy as PlacementPolicy
-from donate._symm_place import compile_options_for as compile_options_for
-from donate._symm_place import configure as _configure
-from donate._symm_place import placement_policy as placement_policy
-from donate._symm_place import target_platform as target_platform
-from donate._symm_aot import PlacementCheck as PlacementCheck
-from donate._symm_aot import check_placement as check_placement
-from donate._symm_report import Placement as Placement
-from donate._symm_report import PlacementReport as PlacementReport
-from donate._symm_report import placement_report as placement_report
-from donate._symm_size import SizingRow as SizingRow
-from donate._symm_size import XlaCollectiveMemory as XlaCollectiveMemory
-from donate._symm_size import collective_allocation as collective_allocation
-from donate._symm_size import sizing_table as sizing_table
-from donate._symm_size import xla_collective_memory as xla_collective_memory
-from donate._symm_size import xla_dump_options as xla_dump_options
+from donate._symm import check as _check
+from donate._symm import xla as _xla
+from donate._symm.check import PlacementCheck as PlacementCheck
+from donate._symm.prim import check_bound
+from donate._symm.prim import check_kind
+from donate._symm.prim import mark
+from donate._symm.prim import normalize_axes
+from donate._symm.prim import scope_name
+from donate._symm.registry import Requirement as Requirement
+from donate._symm.registry import builtin_argnums
+from donate._symm.registry import clear as _clear
+from donate._symm.registry import collective_primitive_names
+from donate._symm.registry import register
+from donate._symm.registry import requirements as _requirements
+from donate._symm.registry import user_argnums
+from donate._symm.registry import wrap_collective
+from donate._symm.report import Placement as Placement
+from donate._symm.report import PlacementReport as PlacementReport
+from donate._symm.report import placement_report as placement_report
+from donate._symm.rewrite import mark_required as mark_required
+from donate._symm.size import SizingRow as SizingRow
+from donate._symm.size import XlaCollectiveMemory as XlaCollectiveMemory
+from donate._symm.size import sizing_table as sizing_table
+from donate._symm.size import xla_collective_memory as xla_collective_memory
+from donate._symm.trace import CommBuffer as CommBuffer
+from donate._symm.trace import comm_buffers as comm_buffers
+from donate._symm.xla import PlacementPolicy as PlacementPolicy
+from donate._symm.xla import compile_options_for as compile_options_for
+from donate._symm.xla import placement_policy as placement_policy
+from donate._symm.xla import target_platform as target_platform
+from donate._compat import bound_axis_names
 
 __all__ = [
-    "COLLECTIVE_MEMORY_SPACE", "CommBuffer", "Placement", "PlacementCheck", "PlacementPolicy", "PlacementReport",
-    "Requirement", "SizingRow", "SymmetricMemoryWarning", "XlaCollectiveMemory",
-    "check_placement", "clear_requirements", "collective_allocation", "collective_memory_bytes",
-    "collective_memory_env", "collective_memory_mb", "comm_buffer_report", "comm_buffers",
-    "compile_options_for", "configure", "gpu_compile_options", "mark_required",
-    "placement_policy", "placement_report", "registered_requirements", "requires_symmetric",
-    "sizing_table", "symmetric_memory", "symmetric_p", "target_platform", "with_symmetric",
-    "xla_collective_memory", "xla_dump_options",
+    # annotations
+    "with_symmetric",
+    "requires_symmetric",
+    "symmetric_memory",
+    "registered_requirements",
+    "clear_requirements",
+    "Requirement",
+    # the buffers they ask for
+    "mark_required",
+    "comm_buffers",
+    "CommBuffer",
+    # placement on a GPU target
+    "target_platform",
+    "placement_policy",
+    "compile_options_for",
+    "PlacementPolicy",
+    "configure",
+    # where the values landed, and how much collective memory it takes
+    "placement_report",
+    "PlacementReport",
+    "Placement",
+    "SymmetricMemoryWarning",
+    "xla_collective_memory",
+    "XlaCollectiveMemory",
+    "sizing_table",
+    "SizingRow",
+    # all of it for one program
+    "check_placement",
+    "PlacementCheck",
 ]
 
 
@@ -120,7 +149,7 @@ def configure(*collectives: str):
   ...   print("too late" in str(e) or "jaxlib" in str(e))
   True
   """
-  return _configure(*collectives)
+  return _xla.configure(*collectives)
 
 
 def with_symmetric(x, axis_name, *, kind: str = "symm_mem"):
@@ -151,68 +180,6 @@ def with_symmetric(x, axis_name, *, kind: str = "symm_mem"):
   symmetric
   """
   return mark(x, axis_name, kind=kind, source="with_symmetric")
-
-
-def _parameter_names(sig) -> list[str]:
-  return list(sig.parameters) if sig is not None else []
-
-
-def _call_axis_name(fn, sig, bound, axis_name):
-  if axis_name is not None:
-    return axis_name
-  arguments = bound.arguments if bound is not None else {}
-  for key in ("axis_name", "axes"):
-    if key in arguments:
-      return arguments[key]
-  raise DonationError(message(
-      f"requires_symmetric cannot find the group of a call to {getattr(fn, '__name__', fn)}",
-      expected="an 'axis_name' (or 'axes') argument in the call", got="neither",
-      fix="pass axis_name=... to requires_symmetric"))
-
-
-def _bind(fn, sig, args, kwargs):
-  if sig is None:
-    return None
-  try:
-    return sig.bind(*args, **kwargs)
-  except TypeError:
-    return None
-
-
-def _wrap_collective(fn, argnums: tuple[int, ...], kind: str, axis_name):
-  try:
-    sig = inspect.signature(fn)
-  except (TypeError, ValueError):
-    sig = None
-  names = _parameter_names(sig)
-
-  @functools.wraps(fn)
-  def wrapper(*args, **kwargs):
-    bound = _bind(fn, sig, args, kwargs)
-    axes = _call_axis_name(fn, sig, bound, axis_name)
-    if bound is None:
-      args = list(args)
-      for i in argnums:
-        args[i] = mark(args[i], axes, kind=kind, source="requires_symmetric")
-      return fn(*args, **kwargs)
-    for i in argnums:
-      if i < len(names) and names[i] in bound.arguments:
-        bound.arguments[names[i]] = mark(bound.arguments[names[i]], axes, kind=kind,
-                                         source="requires_symmetric")
-    return fn(*bound.args, **bound.kwargs)
-
-  wrapper.__donate_requirement__ = Requirement(getattr(fn, "__name__", "collective"), argnums, kind)
-  return wrapper
-
-
-def _argnums(argnums, fn) -> tuple[int, ...]:
-  nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-  if not nums or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in nums):
-    raise DonationError(message(
-        f"requires_symmetric({getattr(fn, '__name__', fn)}) got bad argnums",
-        expected="a non-negative int or a tuple of them", got=repr(argnums),
-        fix="pass argnums=0 for the first argument"))
-  return nums
 
 
 def requires_symmetric(collective=None, argnums=0, *, kind: str = "symm_mem", axis_name=None):
@@ -266,7 +233,7 @@ def requires_symmetric(collective=None, argnums=0, *, kind: str = "symm_mem", ax
         "callable", got=type(collective).__name__, fix="pass the collective function itself"))
   if axis_name is not None:
     normalize_axes(axis_name, where="requires_symmetric")
-  return _wrap_collective(collective, _argnums(argnums, collective), kind, axis_name)
+  return wrap_collective(collective, user_argnums(argnums, collective), kind, axis_name)
 
 
 def registered_requirements() -> dict[str, Requirement]:
@@ -322,3 +289,38 @@ def symmetric_memory(axis_name, *, kind: str = "symm_mem"):
     check_bound(axes, where="symmetric_memory")
   with jax.named_scope(scope_name(axes, kind)):
     yield
+
+
+def check_placement(fun, *args, donate_argnums: int | Sequence[int] = (), enabled: bool = True,
+                    plan: bool = True, plan_time_limit: float = 0.5,
+                    **jit_kwargs) -> PlacementCheck:
+  """Compiles ``fun`` for its arguments' target with the placement options, and reads the result.
+
+  What ``donate.jit`` does on a GPU target, with plain ``jax.jit``: trace ``fun`` (registered
+  collectives marked), find the comm buffers, take the target platform from the arguments'
+  shardings, choose the options (``placement_policy``), compile with a buffer-assignment dump and
+  read back where each annotated value landed and XLA's collective allocation.
+
+  Args:
+    fun: the program (a function you would pass to ``jax.jit``).
+    *args: arrays or ``jax.ShapeDtypeStruct``s (e.g. sharded on ``donate.targets.gpu_mesh``).
+    donate_argnums: positional arguments to donate (whole pytrees).
+    enabled: False compiles without placement options (to compare).
+    plan: also run ``planner.plan_memory`` on the same program for the pool size.
+    plan_time_limit: seconds the planner's offset search may take per pool.
+    **jit_kwargs: more ``jax.jit`` keywords (``out_shardings``, ...).
+
+  Returns:
+    A ``PlacementCheck``.
+
+  >>> import jax.numpy as jnp
+  >>> check = check_placement(lambda x: x + 1, jnp.ones(4))  # a CPU program: nothing to place
+  >>> check.platform, check.policy.options, check.planned_bytes, check.memory.nbytes
+  ('cpu', {}, 0, 0)
+  """
+  found = _check.check_placement(fun, *args, donate_argnums=donate_argnums, enabled=enabled,
+                                 **jit_kwargs)
+  if not plan:
+    return found
+  pools = planner.plan_memory(fun, *args, time_limit=plan_time_limit)
+  return dataclasses.replace(found, planned_bytes=pools.collective_memory_bytes)

@@ -20,7 +20,10 @@ import pytest
 from jax import lax
 
 import donate
-from donate import _symm_place, _symm_prim, planner, symm, targets
+from donate import planner, symm, targets
+from donate._symm import prim as symm_prim
+from donate._symm import size as symm_size
+from donate._symm import xla as symm_xla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "errors.md")
@@ -49,13 +52,13 @@ def pattern(message: str) -> re.Pattern:
 
 
 def raise_sites():
-  """(file, function) of every `raise ...DonationError(...)` in the package."""
+  """(file, function) of every `raise ...DonationError(...)` in the package and its subpackages."""
   sites = set()
   pkg = os.path.join(ROOT, "donate")
-  for name in sorted(os.listdir(pkg)):
-    if not name.endswith(".py"):
-      continue
-    tree = ast.parse(open(os.path.join(pkg, name), encoding="utf-8").read())
+  paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(pkg) for f in fs if f.endswith(".py"))
+  for path in paths:
+    name = os.path.relpath(path, pkg).replace(os.sep, "/")  # e.g. _symm/prim.py
+    tree = ast.parse(open(path, encoding="utf-8").read())
 
     def visit(node, func):
       for child in ast.iter_child_nodes(node):
@@ -221,15 +224,15 @@ TRIGGERS = {
     "symm-axis-unbound": lambda: jax.jit(lambda x: symm.with_symmetric(x, "i"))(jnp.ones(3)),
     "symm-context-axis-unbound": context_axis_unbound_at_entry,
     "symm-context-axis-unbound-at-equation": context_axis_unbound,
-    "symm-unknown-source": lambda: _symm_prim.mark(1.0, "i", kind="symm_mem", source="bogus"),
+    "symm-unknown-source": lambda: symm_prim.mark(1.0, "i", kind="symm_mem", source="bogus"),
     "requires-not-collective": lambda: symm.requires_symmetric(3),
     "requires-builtin-argnums": lambda: symm.requires_symmetric(lax.psum, argnums=1),
     "requires-bad-argnums": lambda: symm.requires_symmetric(lambda x, axis_name: x, argnums=-1),
     "requires-no-axis": call_without_axis_name,
-    "collective-memory-item": lambda: symm.collective_memory_bytes(["x"]),
+    "collective-memory-item": lambda: symm_size.collective_memory_bytes(["x"]),
     "configure-spec": lambda: symm.configure("Broadcast"),
     "configure-too-late": lambda: (jnp.ones(1), symm.configure("AllReduce")),
-    "configure-old-jaxlib": lambda: _symm_place.require_spec_support("0.10.2"),
+    "configure-old-jaxlib": lambda: symm_xla.require_spec_support("0.10.2"),
     "placement-missing": placement_missing,
     # GPU targets
     "gpu-unknown": lambda: targets.gpu_mesh("a100", 8),

@@ -20,11 +20,11 @@ from jax.sharding import PartitionSpec as P
 
 import donate
 from donate import _hlo_text
-from donate import _symm_place
-from donate import _symm_report
 from donate import _examples as examples
 from donate import symm
 from donate import targets
+from donate._symm.report import collectives
+from donate._symm.xla import spec_supported
 
 pytestmark = pytest.mark.skipif(not targets.available(), reason="needs the gpu-aot extra")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,7 +56,7 @@ def _compile(f, *args, donate_argnums=()):
 def _spaces(compiled):
   """{collective kind: memory space of its first operand} read from the compiled HLO."""
   module = _hlo_text.parse_module(compiled.as_text())
-  return {u.kind: u.memory_space for u in _symm_report.collectives(module)}
+  return {u.kind: u.memory_space for u in collectives(module)}
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +191,7 @@ def test_configure_places_only_the_annotated_all_reduce_on_jaxlib_0_12():
   out = subprocess.run([sys.executable, "-c", _SELECTIVE], env=env, capture_output=True,
                        text=True, timeout=300, check=True).stdout
   if "REFUSED" in out:  # jaxlib 0.10: the flag does not exist there (XLA would abort on it)
-    assert not _symm_place.spec_supported() and "jaxlib" in out
+    assert not spec_supported() and "jaxlib" in out
     return
   lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
   assert lines["OPTIONS"] == "{}"

@@ -8,7 +8,8 @@ import pytest
 from jax import lax
 
 import donate
-from donate import _jit, _symm
+from donate._symm import trace
+from donate._symm import xla
 
 MESH = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
 ROWS = jax.sharding.NamedSharding(MESH, jax.P("x"))
@@ -54,10 +55,10 @@ def test_requires_symmetric_is_applied_by_donate_jit_without_user_calls():
 def test_gpu_compile_options_only_for_gpu_platforms():
   f = all_reduce(lambda b: lax.psum(donate.with_symmetric(b + 1.0, "x"), "x"))
   closed = jax.make_jaxpr(f)(rows())
-  bufs = _symm.comm_buffers(closed)
-  assert _symm.gpu_compile_options("cuda", bufs)
-  assert _symm.gpu_compile_options("cpu", bufs) == {}
-  assert _symm.target_platform([rows().sharding], "cuda") == "cpu"
+  bufs = trace.comm_buffers(closed)
+  assert xla.gpu_compile_options("cuda", bufs)
+  assert xla.gpu_compile_options("cpu", bufs) == {}
+  assert xla.target_platform([rows().sharding], "cuda") == "cpu"
   # On CPU the program compiles and runs with no GPU option added.
   g = donate.jit(f)
   compiled = g.lower(rows()).compile()

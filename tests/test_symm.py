@@ -13,6 +13,8 @@ from jax.sharding import PartitionSpec as P
 
 from donate import symm
 from donate._errors import DonationError
+from donate._symm import prim
+from donate._symm import trace
 
 N = 8
 MESH = Mesh(np.array(jax.devices()[:N]), ("i",))
@@ -36,7 +38,7 @@ def marks(closed):
 
   def walk(jaxpr):
     for eqn in jaxpr.eqns:
-      if eqn.primitive is symm.symmetric_p:
+      if eqn.primitive is prim.symmetric_p:
         found.append(dict(eqn.params))
       for value in eqn.params.values():
         for item in value if isinstance(value, (tuple, list)) else (value,):
@@ -167,11 +169,11 @@ def test_context_makes_all_outputs_of_a_custom_op_symmetric_and_reports_over_all
       (True, 0, True, ("context",)), (True, 1, False, ("context",))]
   assert bufs[0].producer.startswith("custom_vjp")
   assert [b.over_allocated_bytes for b in bufs] == [0, 2 * 4 * 4]
-  report = symm.comm_buffer_report(bufs)
+  report = trace.comm_buffer_report(bufs)
   assert any("8 bytes" not in n and "32 bytes over-allocated" in n for n in report)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    symm.comm_buffer_report(bufs, warn=True)
+    trace.comm_buffer_report(bufs, warn=True)
   assert [w.category for w in caught] == [symm.SymmetricMemoryWarning] * len(report)
   assert [m["source"] for m in marks(marked)] == ["context", "context"]
   np.testing.assert_array_equal(out[0], jax.jit(fun)(X))
@@ -231,7 +233,7 @@ def test_program_outputs_and_values_not_reaching_a_collective_are_reported():
   bufs = symm.comm_buffers(jax.make_jaxpr(fun)(X))
   assert [(b.producer, b.is_output, b.feeds_collective) for b in bufs] == [
       ("sin", True, False), ("cos", False, True)]
-  report = symm.comm_buffer_report(bufs)
+  report = trace.comm_buffer_report(bufs)
   assert len(report) == 2 and "never reaches a collective" in report[0]
   assert "program output" in report[1]
 
@@ -249,30 +251,6 @@ def test_marking_is_visible_in_the_lowered_module():
   text = replay.lower(X).as_text()  # the operand is an argument: a marked barrier carries it.
   assert re.search(r'optimization_barrier \{mhlo\.frontend_attributes = \{[^}]*'
                    r'donate\.source = "requires_symmetric"', text)
-
-
-def test_gpu_compile_options_only_for_gpu_platforms():
-  bufs = symm.comm_buffers(jax.make_jaxpr(
-      smap(lambda v: lax.psum(symm.with_symmetric(v * 2, "i"), "i")))(X))
-  cuda = symm.gpu_compile_options("cuda", bufs)
-  assert cuda == {"xla_gpu_enable_nccl_user_buffers": True,
-                  "xla_gpu_experimental_enable_nccl_symmetric_buffers": True}
-  assert symm.gpu_compile_options("rocm", bufs) == {"xla_gpu_enable_nccl_user_buffers": True}
-  assert symm.gpu_compile_options("cpu", bufs) == {} == symm.gpu_compile_options("tpu", bufs)
-  assert symm.gpu_compile_options("cuda", ()) == {}
-  # Every name is a real XLA debug option: XLA rejects unknown ones ("No such compile option").
-  assert float(jax.jit(jnp.sin, compiler_options=cuda)(0.0)) == 0.0
-  with pytest.raises(Exception, match="No such compile option"):
-    jax.jit(jnp.sin, compiler_options={"xla_gpu_enable_nccl_user_buffer": True})(0.0)
-
-
-def test_collective_memory_size_rounds_up_to_mb():
-  assert symm.collective_memory_bytes([192, 64]) == 256
-  assert symm.collective_memory_mb(0) == 0 and symm.collective_memory_mb(1) == 1
-  assert symm.collective_memory_mb((3 << 20) + 1) == 4
-  assert symm.collective_memory_env(5 << 20) == {"XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB": "5"}
-  with pytest.raises(DonationError, match="cannot size"):
-    symm.collective_memory_bytes(["64"])
 
 
 def test_unbound_axis_names_raise_a_clear_error():

@@ -3,8 +3,8 @@
 ``check_placement(fun, *args)`` traces ``fun`` (registered collectives marked), finds the comm
 buffers, picks the target platform from the arguments' shardings, chooses the per-compile options,
 lowers the marked program with ``jax.jit``, compiles it with a buffer-assignment dump, and reads
-back: the placement of every annotated value, the un-annotated collectives placed too, XLA's
-collective allocation, and the planner's pool for the same program.
+back: the placement of every annotated value, the un-annotated collectives placed too and XLA's
+collective allocation. ``donate.symm.check_placement`` adds the planner's pool for the same program.
 """
 
 from __future__ import annotations
@@ -17,22 +17,31 @@ import jax
 import jax.extend as jex
 from jax import tree_util
 
-from donate import _hlo_text
-from donate._symm_place import PlacementPolicy
-from donate._symm_place import placement_policy
-from donate._symm_place import target_platform
-from donate._symm_report import PlacementReport
-from donate._symm_report import placement_report
-from donate._symm_rewrite import mark_required
-from donate._symm_size import SizingRow
-from donate._symm_size import XlaCollectiveMemory
-from donate._symm_size import xla_collective_memory
-from donate._symm_trace import comm_buffers
+from donate._symm.report import PlacementReport
+from donate._symm.report import placement_report
+from donate._symm.rewrite import mark_required
+from donate._symm.size import SizingRow
+from donate._symm.size import XlaCollectiveMemory
+from donate._symm.size import xla_collective_memory
+from donate._symm.trace import comm_buffers
+from donate._symm.xla import PlacementPolicy
+from donate._symm.xla import placement_policy
+from donate._symm.xla import target_platform
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlacementCheck:
-  """Everything ``check_placement`` found for one compiled program."""
+  """Everything ``check_placement`` found for one compiled program.
+
+  Attributes:
+    platform: the target platform (``"cuda"`` on an H100/B200 mesh).
+    policy: the options chosen, and what else they place.
+    report: where each annotated value landed, read from the compiled program.
+    memory: XLA's collective-memory allocation for the program, per device.
+    planned_bytes: the planner's collective pools for the same program (0 if not planned).
+    annotated_bytes: the bytes of the annotated buffers, without reuse.
+    compiled: the ``jax.stages.Compiled`` program.
+  """
   platform: str
   policy: PlacementPolicy
   report: PlacementReport
@@ -66,21 +75,16 @@ def _shardings(leaves, jit_kwargs) -> list:
 
 
 def check_placement(fun, *args, donate_argnums: int | Sequence[int] = (), enabled: bool = True,
-                    plan: bool = True, plan_time_limit: float = 0.5,
                     **jit_kwargs) -> PlacementCheck:
   """Compiles ``fun`` for its arguments' target with the placement options, and reads the result.
 
-  Args:
-    fun: the program (a function you would pass to ``jax.jit``).
-    *args: arrays or ``jax.ShapeDtypeStruct``s (e.g. sharded on ``donate.targets.gpu_mesh``).
-    donate_argnums: positional arguments to donate (whole pytrees).
-    enabled: False compiles without placement options (to compare).
-    plan: also run ``planner.plan_memory`` on the same program for the pool size.
-    plan_time_limit: seconds the planner's offset search may take per pool.
-    **jit_kwargs: more ``jax.jit`` keywords (``out_shardings``, ...).
+  The arguments are those of ``donate.symm.check_placement`` without the planner's (its
+  ``planned_bytes`` is 0 here).
 
-  Returns:
-    A ``PlacementCheck``.
+  >>> import jax, jax.numpy as jnp
+  >>> check = check_placement(lambda x: x * 2, jnp.ones(4), donate_argnums=0)
+  >>> check.platform, check.report.records, check.memory.nbytes, check.aliases
+  ('cpu', (), 0, 1)
   """
   leaves = tree_util.tree_leaves(args)
   closed = mark_required(jax.make_jaxpr(fun)(*args))
@@ -98,14 +102,5 @@ def check_placement(fun, *args, donate_argnums: int | Sequence[int] = (), enable
   lowered = jax.jit(wrapped, donate_argnums=flat_donate, **jit_kwargs).lower(*leaves)
   compiled, memory = xla_collective_memory(lowered, policy.options)
   report = placement_report(compiled.as_text(), bufs)
-  planned = 0
-  if plan:
-    from donate import planner
-    planned = planner.plan_memory(fun, *args, time_limit=plan_time_limit).collective_memory_bytes
-  return PlacementCheck(platform, policy, report, memory, planned,
-                        sum(b.nbytes for b in bufs), compiled)
+  return PlacementCheck(platform, policy, report, memory, 0, sum(b.nbytes for b in bufs), compiled)
 
-
-def collective_spaces(compiled) -> frozenset[int]:
-  """The collective memory spaces used in a compiled program (empty if nothing was placed)."""
-  return _hlo_text.collective_memory_spaces(_hlo_text.parse_module(compiled.as_text()))

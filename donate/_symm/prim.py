@@ -35,7 +35,7 @@ What each piece drives in XLA:
   with ``ncclMemAlloc`` from the collective allocator sized by
   ``XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB`` and registered with NCCL
   (``xla_gpu_experimental_enable_nccl_symmetric_buffers`` registers it as an NCCL symmetric
-  window). ``donate._symm_xla.gpu_compile_options`` turns those flags on.
+  window). ``donate._symm.xla.gpu_compile_options`` turns those flags on.
 * The ``donate.*`` frontend attributes are read by no XLA pass (XLA has no per-value switch for
   memory space 1 that a frontend can set): they make each symmetric value, its kind and group
   visible in the lowered module and in HLO dumps, so a reader, a test or a future XLA pass can
@@ -59,8 +59,8 @@ from jax.interpreters import mlir
 
 from donate._errors import DonationError
 from donate._errors import message
-from donate._symm_compat import bound_axis_names
-from donate._jaxprs import VIEWS
+from donate import _primitives
+from donate._compat import bound_axis_names
 
 SOURCES = ("with_symmetric", "requires_symmetric", "context")
 """The legal values of ``symmetric_p``'s ``source`` param."""
@@ -263,7 +263,7 @@ def scope_name(axes: tuple[str, ...], kind: str) -> str:
 def context_spec(eqn) -> tuple[tuple[str, ...], str] | None:
   """Returns ``(axes, kind)`` if ``eqn`` was traced inside ``symmetric_memory``, else None.
 
-  The innermost context wins. ``symmetric_p`` equations and pure views (``VIEWS``: reshape,
+  The innermost context wins. ``symmetric_p`` equations and pure views (``_primitives.TRACE_BACK_VIEWS``: reshape,
   convert, ``pvary``, ...) are never context outputs: they materialise nothing of their own.
   Nor are equations of a backward pass (``transpose(...)`` in the name stack): like PyTorch's
   context manager, the context covers the forward computation written inside it.
@@ -272,7 +272,7 @@ def context_spec(eqn) -> tuple[tuple[str, ...], str] | None:
   >>> context_spec(jax.make_jaxpr(jnp.sin)(1.0).eqns[0]) is None
   True
   """
-  if eqn.primitive is symmetric_p or eqn.primitive.name in VIEWS or eqn.source_info is None:
+  if eqn.primitive is symmetric_p or eqn.primitive.name in _primitives.TRACE_BACK_VIEWS or eqn.source_info is None:
     return None
   stack = str(eqn.source_info.name_stack)
   at = stack.rfind(_SCOPE_PREFIX)

@@ -1,4 +1,8 @@
-"""Which collective primitives need symmetric inputs: the ``requires_symmetric`` registry.
+"""Which collectives need symmetric inputs: ``requires_symmetric``'s registry and wrappers.
+
+For JAX's collectives the registry holds primitive names (``register``, ``requirements``,
+``clear``); ``donate._symm.rewrite.mark_required`` marks their operands. A user collective is not
+registered: ``wrap_collective`` returns a wrapper that marks the chosen arguments at each call.
 
 JAX's collective functions bind different primitives on different JAX versions (``lax.psum`` binds
 ``psum_invariant`` on JAX 0.10 and 0.12, ``psum`` on older ones; ``all_gather`` may bind
@@ -9,6 +13,8 @@ under a one-device ``shard_map`` and reading the collective primitive names off 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import threading
 
 import jax
@@ -21,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from donate._errors import DonationError
 from donate._errors import message
+from donate._symm.prim import mark
 
 COLLECTIVE_PRIMITIVES = frozenset({
     "psum", "psum_invariant", "psum2", "pmax", "pmin", "pmean",
@@ -147,3 +154,76 @@ def builtin_argnums(argnums, collective) -> tuple[int, ...]:
         f"{argnums!r}, but a JAX collective's only array argument is its first",
         expected="argnums=0", got=repr(argnums), fix="pass argnums=0 (every operand is marked)"))
   return nums
+
+
+def user_argnums(argnums, fn) -> tuple[int, ...]:
+  """Checks ``argnums`` for a user collective: non-negative ints.
+
+  >>> user_argnums(1, print), user_argnums((0, 2), print)
+  ((1,), (0, 2))
+  """
+  nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+  if not nums or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in nums):
+    raise DonationError(message(
+        f"requires_symmetric({getattr(fn, '__name__', fn)}) got bad argnums",
+        expected="a non-negative int or a tuple of them", got=repr(argnums),
+        fix="pass argnums=0 for the first argument"))
+  return nums
+
+
+def _call_axis_name(fn, bound, axis_name):
+  if axis_name is not None:
+    return axis_name
+  arguments = bound.arguments if bound is not None else {}
+  for key in ("axis_name", "axes"):
+    if key in arguments:
+      return arguments[key]
+  raise DonationError(message(
+      f"requires_symmetric cannot find the group of a call to {getattr(fn, '__name__', fn)}",
+      expected="an 'axis_name' (or 'axes') argument in the call", got="neither",
+      fix="pass axis_name=... to requires_symmetric"))
+
+
+def _bind(sig, args, kwargs):
+  if sig is None:
+    return None
+  try:
+    return sig.bind(*args, **kwargs)
+  except TypeError:
+    return None
+
+
+def wrap_collective(fn, argnums: tuple[int, ...], kind: str, axis_name):
+  """Returns ``fn`` wrapped to mark its ``argnums`` arguments symmetric at each call.
+
+  The group is ``axis_name``, or else the call's ``axis_name`` (or ``axes``) argument. The wrapper
+  carries its ``Requirement`` as ``__donate_requirement__``.
+
+  >>> def my_allreduce(x, axis_name):
+  ...   return x
+  >>> wrap_collective(my_allreduce, (0,), "symm_mem", None).__donate_requirement__
+  Requirement(primitive='my_allreduce', argnums=(0,), kind='symm_mem')
+  """
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):
+    sig = None
+  names = list(sig.parameters) if sig is not None else []
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    bound = _bind(sig, args, kwargs)
+    axes = _call_axis_name(fn, bound, axis_name)
+    if bound is None:
+      args = list(args)
+      for i in argnums:
+        args[i] = mark(args[i], axes, kind=kind, source="requires_symmetric")
+      return fn(*args, **kwargs)
+    for i in argnums:
+      if i < len(names) and names[i] in bound.arguments:
+        bound.arguments[names[i]] = mark(bound.arguments[names[i]], axes, kind=kind,
+                                         source="requires_symmetric")
+    return fn(*bound.args, **bound.kwargs)
+
+  wrapper.__donate_requirement__ = Requirement(getattr(fn, "__name__", "collective"), argnums, kind)
+  return wrapper

@@ -15,13 +15,13 @@ import warnings
 
 from donate import _hlo_text
 from donate._errors import DonationError
+from donate._errors import SymmetricMemoryWarning
 from donate._errors import message
-from donate._symm_place import KIND_OF_PRIMITIVE
-from donate._symm_place import MODE_OPTIONS
-from donate._symm_place import SYMMETRIC
-from donate._symm_place import process_spec
-from donate._symm_place import spec_supported
-from donate._symm_trace import SymmetricMemoryWarning
+from donate._symm.xla import KIND_OF_PRIMITIVE
+from donate._symm.xla import MODE_OPTIONS
+from donate._symm.xla import SYMMETRIC
+from donate._symm.xla import process_spec
+from donate._symm.xla import spec_supported
 
 _THROUGH = ("bitcast", "copy", "reshape", "get-tuple-element", "tuple", "optimization-barrier")
 _DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
@@ -214,6 +214,16 @@ def placement_report(compiled_hlo_text: str, comm_buffers) -> PlacementReport:
     A ``PlacementReport``: one ``Placement`` per comm buffer that feeds a collective (matched to
     the compiled collective by kind, dtype and size among those whose operand carries the
     annotation), and the un-annotated collectives that were placed too, each with its reason.
+
+  >>> import jax, jax.numpy as jnp, numpy as np, donate
+  >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("i",))
+  >>> f = jax.shard_map(lambda v: jax.lax.psum(donate.with_symmetric(jnp.sin(v), "i"), "i"),
+  ...                   mesh=mesh, in_specs=jax.P("i"), out_specs=jax.P())
+  >>> x = jnp.ones(4)
+  >>> bufs = donate.symm.comm_buffers(jax.make_jaxpr(f)(x))
+  >>> print(placement_report(jax.jit(f).lower(x).compile().as_text(), bufs))  # a CPU program
+  PlacementReport: 0 of 1 annotated values in collective memory
+    sin output float32[2] (all-reduce ...): default memory; no collective-memory option was on ...
   """
   module = _hlo_text.parse_module(compiled_hlo_text)
   uses = collectives(module)

@@ -18,25 +18,16 @@ import dataclasses
 import warnings
 from typing import Any
 
-from donate._symm_compat import source_line
-from donate._symm_prim import context_spec
-from donate._symm_prim import symmetric_p
-from donate._symm_registry import COLLECTIVE_PRIMITIVES
-from donate._symm_registry import requirements
-from donate._jaxprs import CALL_LIKE
-from donate._jaxprs import CUSTOM_OPS
-from donate._jaxprs import VIEWS
+from donate._errors import SymmetricMemoryWarning
+from donate import _primitives
 from donate._jaxprs import is_var
 from donate._jaxprs import nbytes
 from donate._jaxprs import subs
-
-
-class SymmetricMemoryWarning(UserWarning):
-  """Warned for symmetric buffers that waste or cannot keep collective memory.
-
-  >>> issubclass(SymmetricMemoryWarning, UserWarning)
-  True
-  """
+from donate._symm.prim import context_spec
+from donate._symm.prim import symmetric_p
+from donate._symm.registry import COLLECTIVE_PRIMITIVES
+from donate._symm.registry import requirements
+from donate._compat import short_source_line as source_line
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -156,12 +147,12 @@ def is_custom_op(eqn) -> bool:
   False
   """
   name = eqn.primitive.name
-  return name in CUSTOM_OPS or (name in CALL_LIKE and context_spec(eqn) is not None)
+  return name in _primitives.CUSTOM or (name in _primitives.CALL and context_spec(eqn) is not None)
 
 
 def _call_output(eqn, k):
   """The sub-jaxpr and inner output of a call-like ``eqn`` that becomes its output ``k``."""
-  if eqn.primitive.name not in CALL_LIKE or is_custom_op(eqn):
+  if eqn.primitive.name not in _primitives.CALL or is_custom_op(eqn):
     return None
   for sub in subs(eqn):
     if sub.transparent and k in sub.out_map:
@@ -178,7 +169,7 @@ def _trace_back(top, path, var, cache):
     ix = _index(jaxpr, cache)
     if var in ix.producers:
       eqn, k = ix.producers[var]
-      if eqn.primitive.name in VIEWS and eqn.invars:
+      if eqn.primitive.name in _primitives.TRACE_BACK_VIEWS and eqn.invars:
         var = eqn.invars[k if len(eqn.invars) == len(eqn.outvars) else 0]
         continue
       inner = _call_output(eqn, k)
@@ -217,7 +208,7 @@ def _forward(top, path, var, cache, reqs):
     for eqn, i in ix.uses.get(var, ()):
       if _is_collective_use(eqn, reqs):
         collectives.append(eqn.primitive.name)
-      if eqn.primitive.name in VIEWS:
+      if eqn.primitive.name in _primitives.TRACE_BACK_VIEWS:
         todo.append((path, eqn.outvars[i if len(eqn.outvars) == len(eqn.invars) else 0]))
       for sub in subs(eqn):
         for j, outer in enumerate(sub.in_map):
@@ -323,7 +314,7 @@ def comm_buffers(closed_jaxpr) -> tuple[CommBuffer, ...]:
 
   >>> import jax, jax.numpy as jnp, numpy as np
   >>> from jax.sharding import Mesh, PartitionSpec as P
-  >>> from donate._symm_prim import mark
+  >>> from donate._symm.prim import mark
   >>> mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
   >>> def body(x):
   ...   y = jnp.sin(x)

@@ -1,4 +1,8 @@
-"""Sizing collective memory from XLA's own buffer assignment of the compiled program.
+"""Sizing collective memory: from the planner's pools, and from XLA's buffer assignment.
+
+``collective_memory_bytes`` sums pool (or buffer) sizes; ``collective_memory_mb`` and
+``collective_memory_env`` turn bytes into the ``XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB`` setting
+that sizes the GPU client's collective allocator (read once, when JAX starts its GPU backend).
 
 ``xla_dump_options(dir)`` are per-compile options (``xla_dump_to``, ``xla_dump_hlo_as_text``)
 that make XLA write the compiled module's ``*buffer-assignment.txt``; ``collective_allocation``
@@ -12,11 +16,60 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import math
 import os
 import tempfile
 
 from donate import _hlo_text
-from donate._symm_xla import collective_memory_mb
+from donate._errors import DonationError
+from donate._errors import message
+
+_MB = 1 << 20
+
+
+def _size_of(item) -> int:
+  if isinstance(item, int) and not isinstance(item, bool):
+    return item
+  if hasattr(item, "nbytes"):
+    return int(item.nbytes)
+  raise DonationError(message(
+      "collective_memory_bytes cannot size an item", expected="a byte count or an object "
+      "with .nbytes (a pool or a CommBuffer)", got=type(item).__name__))
+
+
+def collective_memory_bytes(items) -> int:
+  """Returns the collective memory to reserve: the sum of pool (or buffer) sizes, in bytes.
+
+  Pass the planner's pools (each pool is reused by all its buffers, so the sum of pool sizes is the
+  reservation). Passing comm buffers instead gives an upper bound (no reuse).
+
+  Args:
+    items: byte counts, or objects with an ``nbytes`` attribute.
+
+  >>> collective_memory_bytes([192, 64])
+  256
+  """
+  return sum(_size_of(item) for item in items)
+
+
+def collective_memory_mb(nbytes: int) -> int:
+  """Returns ``nbytes`` in MiB, rounded up: the value for ``XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB``.
+
+  >>> collective_memory_mb(0), collective_memory_mb(1), collective_memory_mb(3 << 20)
+  (0, 1, 3)
+  """
+  return math.ceil(int(nbytes) / _MB)
+
+
+def collective_memory_env(nbytes: int) -> dict[str, str]:
+  """Returns the environment setting that reserves ``nbytes`` of collective memory on GPUs.
+
+  It must be set before JAX starts its GPU backend (it sizes the process's collective allocator).
+
+  >>> collective_memory_env(5 << 20)
+  {'XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB': '5'}
+  """
+  return {"XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB": str(collective_memory_mb(nbytes))}
 
 
 def xla_dump_options(directory: str) -> dict:
@@ -48,7 +101,7 @@ class XlaCollectiveMemory:
 
   @property
   def env(self) -> dict[str, str]:
-    return {"XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB": str(self.recommended_mb)}
+    return collective_memory_env(self.nbytes)
 
   @property
   def value_bytes(self) -> int:
@@ -96,6 +149,11 @@ def xla_collective_memory(lowered, compiler_options: dict | None = None):
 
   Returns:
     ``(compiled, XlaCollectiveMemory)``.
+
+  >>> import jax, jax.numpy as jnp
+  >>> compiled, memory = xla_collective_memory(jax.jit(jnp.sin).lower(jnp.ones(4)))
+  >>> memory.nbytes, memory.env  # a CPU program: no collective memory
+  (0, {'XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB': '0'})
   """
   with tempfile.TemporaryDirectory(prefix="donate-xla-dump-") as directory:
     compiled = lowered.compile(compiler_options={**(compiler_options or {}),

@@ -1,4 +1,4 @@
-"""Which XLA settings place exactly the annotated collectives in collective memory, per compile.
+"""XLA:GPU settings that place the annotated collectives in collective memory, per compile.
 
 What XLA:GPU offers (checked on jaxlib 0.10.2 and 0.12.0.1 by compiling for an abstract H100):
 
@@ -6,17 +6,27 @@ What XLA:GPU offers (checked on jaxlib 0.10.2 and 0.12.0.1 by compiling for an a
   and ``xla_gpu_ragged_all_to_all_mode`` accept ``COLLECTIVES_SYMMETRIC_MEMORY``; that places
   every collective *of that kind* in the program (the backend config of each says
   ``"collectives_mode":"COLLECTIVES_SYMMETRIC_MEMORY"``);
-* per compile, all or nothing: ``xla_gpu_enable_nccl_user_buffers`` (and
-  ``xla_gpu_experimental_enable_nccl_symmetric_buffers``) place the buffers of *every* collective;
-  all-reduce, reduce-scatter and all-to-all have no per-kind mode;
+* per compile, all or nothing: ``xla_gpu_enable_nccl_user_buffers`` places the buffers of *every*
+  collective (``gpu_compile_options``); all-reduce, reduce-scatter and all-to-all have no per-kind
+  mode. XLA's buffer assigner then colours buffers used by collectives with memory space 1
+  (``kCollectiveMemorySpaceColor``), allocated by ``ncclMemAlloc`` from the collective allocator
+  and registered with NCCL (user-buffer registration, zero-copy collectives); XLA documents that
+  the allocator's ``collective_memory_size`` must then be large enough for peak collective memory
+  (JAX sets it from ``XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB``, see ``donate._symm.size``).
+  With ``xla_gpu_experimental_enable_nccl_symmetric_buffers`` as well, collective thunks register
+  those buffers as NCCL symmetric windows (``use_symmetric_buffer``), which NCCL >= 2.27 uses for
+  its low-latency symmetric kernels; turned on for CUDA only (we have no evidence that RCCL
+  supports symmetric windows, so ROCm gets user buffers only). Neither is passed for CPU or TPU,
+  which have no collective memory space;
 * per process, by kind, size and dtype (jaxlib 0.12 only; jaxlib 0.10.2 aborts the process on the
   unknown flag): ``XLA_FLAGS=--xla_enable_nccl_symmetric_buffers_for_collectives=Op[:max_bytes[:dtype]],...``.
   It is a repeated message field of XLA's ``DebugOptions``, which ``compiler_options`` refuse
   ("not a valid message value"), and XLA reads ``XLA_FLAGS`` once, when JAX starts its first
   backend: set later it is silently ignored. ``configure`` sets it, and refuses when it is too late.
 
-``placement_policy`` picks the narrowest of these for the program's annotations and says which
-un-annotated collectives get placed too, and why.
+``target_platform`` finds the platform a program compiles for from its shardings;
+``placement_policy`` picks the narrowest of these settings for the program's annotations and says
+which un-annotated collectives get placed too, and why.
 """
 
 from __future__ import annotations
@@ -30,8 +40,9 @@ import jaxlib
 from donate import _compat
 from donate._errors import DonationError
 from donate._errors import message
-from donate._symm_xla import GPU_PLATFORMS
-from donate._symm_xla import gpu_compile_options
+
+GPU_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})
+"""Platform names for which collective memory exists."""
 
 SYMMETRIC = "COLLECTIVES_SYMMETRIC_MEMORY"
 FLAG = "--xla_enable_nccl_symmetric_buffers_for_collectives"
@@ -144,11 +155,47 @@ def configure(*collectives: str) -> tuple[SpecEntry, ...]:
         fix="call donate.symm.configure(...) right after import donate, or set "
         f"XLA_FLAGS={FLAG}={','.join(map(str, entries))} in the environment"))
   require_spec_support(jaxlib.__version__)
-  flags = re.sub(FLAG + r"=\S+", "", os.environ.get("XLA_FLAGS", "")).split()
+  os.environ["XLA_FLAGS"] = flags_with_spec(os.environ.get("XLA_FLAGS", ""), entries)
+  return entries
+
+
+def flags_with_spec(xla_flags: str, entries) -> str:
+  """``xla_flags`` with its process-wide spec replaced by ``entries`` (removed if there are none).
+
+  >>> flags_with_spec(f"--a=1 {FLAG}=AllGather", parse_spec("AllReduce:64"))
+  '--a=1 --xla_enable_nccl_symmetric_buffers_for_collectives=AllReduce:64'
+  >>> flags_with_spec(f"{FLAG}=AllGather --a=1", ())
+  '--a=1'
+  """
+  flags = re.sub(FLAG + r"=\S+", "", xla_flags).split()
   if entries:
     flags.append(f"{FLAG}={','.join(map(str, entries))}")
-  os.environ["XLA_FLAGS"] = " ".join(flags)
-  return entries
+  return " ".join(flags)
+
+
+def gpu_compile_options(platform: str, comm_buffers) -> dict[str, str | bool | int]:
+  """Returns the XLA compile options that place every collective in collective memory.
+
+  Args:
+    platform: a JAX platform name (``jax.devices()[0].platform`` or a backend name).
+    comm_buffers: the program's comm buffers (anything with a length, e.g. from
+      ``comm_buffers``); no buffers means no options.
+
+  Returns:
+    A dict for ``jax.jit(..., compiler_options=...)``; empty for CPU and TPU.
+
+  >>> gpu_compile_options("cuda", ["buffer"])
+  {'xla_gpu_enable_nccl_user_buffers': True, 'xla_gpu_experimental_enable_nccl_symmetric_buffers': True}
+  >>> gpu_compile_options("cpu", ["buffer"])
+  {}
+  """
+  platform = str(platform).lower()
+  if platform not in GPU_PLATFORMS or not len(comm_buffers):
+    return {}
+  options: dict[str, str | bool | int] = {"xla_gpu_enable_nccl_user_buffers": True}
+  if platform != "rocm":
+    options["xla_gpu_experimental_enable_nccl_symmetric_buffers"] = True
+  return options
 
 
 def target_platform(shardings, default_backend: str) -> str:
@@ -253,6 +300,16 @@ def placement_policy(platform: str, comm_buffers, *, enabled: bool = True) -> Pl
 
   Returns:
     A ``PlacementPolicy``; its ``options`` are empty off GPUs, without annotations, or disabled.
+
+  >>> import jax, jax.numpy as jnp, donate
+  >>> step = lambda v: jax.lax.all_gather(donate.with_symmetric(v * 2, "i"), "i")
+  >>> bufs = donate.symm.comm_buffers(jax.make_jaxpr(step, axis_env=[("i", 1)])(jnp.ones(2)))
+  >>> placement_policy("cuda", bufs).options
+  {'xla_gpu_all_gather_mode': 'COLLECTIVES_SYMMETRIC_MEMORY'}
+  >>> placement_policy("cuda", bufs).placed_too
+  ('every un-annotated all-gather of the program is placed too: ...',)
+  >>> placement_policy("cpu", bufs).options
+  {}
   """
   platform, process = str(platform).lower(), process_spec()
   kinds, unknown = annotated_kinds(comm_buffers)

@@ -18,14 +18,14 @@ import jax.extend as jex
 
 from donate._errors import DonationError
 from donate._errors import message
-from donate._symm_compat import bound_axis_names
-from donate._symm_prim import context_spec
-from donate._symm_prim import symmetric_p
-from donate._symm_registry import requirements
 from donate._jaxprs import axes_of
 from donate._jaxprs import is_var
 from donate._jaxprs import replace_subs
 from donate._jaxprs import subs
+from donate._symm.prim import context_spec
+from donate._symm.prim import symmetric_p
+from donate._symm.registry import requirements
+from donate._compat import bound_axis_names
 
 
 def _mark_eqn(var, out, *, axes, kind, source, source_info):
@@ -114,7 +114,7 @@ def mark_required(closed_jaxpr):
   >>> import jax, numpy as np
   >>> from jax import lax
   >>> from jax.sharding import Mesh, PartitionSpec as P
-  >>> from donate import _symm_registry as registry
+  >>> from donate._symm import registry
   >>> mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
   >>> f = jax.shard_map(lambda x: lax.ppermute(x, "i", [(0, 0)]), mesh=mesh, in_specs=P("i"),
   ...                   out_specs=P("i"))
