@@ -1,26 +1,23 @@
-from common import build
+# %% [markdown]
+# # Collectives and symmetric memory: 8 virtual CPU devices, and H100/B200 programs compiled here
+#
+# On GPUs, collectives run faster from symmetric (registered) memory: buffers allocated by NCCL's allocator
+# and registered on every rank, so the collective can read and write them directly. Nothing in JAX lets a user
+# say "this value feeds a collective, give it symmetric memory", nor shows how much such memory a program
+# needs. `donate` adds three ways to say it, traces each request back to the op that produces the buffer,
+# marks the lowered module, and plans the buffers into one pool per (kind, group):
+#
+# * `donate.with_symmetric(x, axis_name)`: annotate a value, like `with_sharding_constraint`;
+# * `donate.requires_symmetric(collective)`: declare once, per collective, which inputs need it;
+# * `with donate.symmetric_memory(axis_name):` everything produced inside, e.g. a custom op's outputs.
+#
+# This machine has no GPU. Everything below runs on 8 virtual CPU devices, where the annotations change
+# no numbers and no memory; what they change on a GPU is read, at the end, from real H100 and B200
+# executables compiled here ahead of time. **Nothing in this notebook was run on a GPU.**
+#
+# The device count must be set before anything touches JAX's backend, so it comes first:
 
-cells = [
-("md", r"""
-# Collectives and symmetric memory: 8 virtual CPU devices, and H100/B200 programs compiled here
-
-On GPUs, collectives run faster from symmetric (registered) memory: buffers allocated by NCCL's allocator
-and registered on every rank, so the collective can read and write them directly. Nothing in JAX lets a user
-say "this value feeds a collective, give it symmetric memory", nor shows how much such memory a program
-needs. `donate` adds three ways to say it, traces each request back to the op that produces the buffer,
-marks the lowered module, and plans the buffers into one pool per (kind, group):
-
-* `donate.with_symmetric(x, axis_name)`: annotate a value, like `with_sharding_constraint`;
-* `donate.requires_symmetric(collective)`: declare once, per collective, which inputs need it;
-* `with donate.symmetric_memory(axis_name):` everything produced inside, e.g. a custom op's outputs.
-
-This machine has no GPU. Everything below runs on 8 virtual CPU devices, where the annotations change
-no numbers and no memory; what they change on a GPU is read, at the end, from real H100 and B200
-executables compiled here ahead of time. **Nothing in this notebook was run on a GPU.**
-
-The device count must be set before anything touches JAX's backend, so it comes first:
-"""),
-("code", r"""
+# %%
 import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
@@ -36,26 +33,26 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import donate
 from donate import planner, symm
 
-%matplotlib inline
+# %matplotlib inline
 FIGURES = {}
 N = len(jax.devices())
 mesh = Mesh(np.array(jax.devices()), ("tp",))
 print("jax", jax.__version__, "|", N, "devices:", [str(d) for d in jax.devices()])
-"""),
-("md", r"""
-## A tensor-parallel block
 
-The weight `w` is split over its input dimension across the 8 devices, and so is the activation `x`. Each
-device computes a partial product `h = x @ w` (16 x 32 float32, 2 KiB per device); an all-reduce (`psum`)
-over the `tp` axis sums the partials. `shard_map` gives each device its block.
+# %% [markdown]
+# ## A tensor-parallel block
+#
+# The weight `w` is split over its input dimension across the 8 devices, and so is the activation `x`. Each
+# device computes a partial product `h = x @ w` (16 x 32 float32, 2 KiB per device); an all-reduce (`psum`)
+# over the `tp` axis sums the partials. `shard_map` gives each device its block.
+#
+# ### 1. `with_symmetric`: annotate the value
+#
+# `with_symmetric` returns its input unchanged and records the request in the jaxpr.
+# `symm.comm_buffers(jaxpr)` traces each request back to the operation that materialises the buffer
+# (through views such as reshapes and converts) and reports it:
 
-### 1. `with_symmetric`: annotate the value
-
-`with_symmetric` returns its input unchanged and records the request in the jaxpr.
-`symm.comm_buffers(jaxpr)` traces each request back to the operation that materialises the buffer
-(through views such as reshapes and converts) and reports it:
-"""),
-("code", r"""
+# %%
 B, D, H = 16, 64, 32
 x = jax.device_put(jax.random.normal(jax.random.key(0), (B, D)), NamedSharding(mesh, P(None, "tp")))
 w = jax.device_put(jax.random.normal(jax.random.key(1), (D, H)) / 8, NamedSharding(mesh, P("tp", None)))
@@ -86,19 +83,19 @@ show(symm.comm_buffers(jax.make_jaxpr(layer)(x, w)))
 same = bool(jnp.array_equal(jax.jit(layer)(x, w), jax.jit(layer_plain)(x, w)))
 print("results identical to the unannotated layer:", same)
 FIGURES["identical"] = same
-"""),
-("md", r"""
-The buffer is the output of `tanh` (the op that produces it), 2048 bytes per device, for group `('tp',)`, and it
-feeds the all-reduce. Results are identical with and without the annotation (<<identical>>).
 
-### 2. `requires_symmetric`: declare it once per collective
+# %% [markdown]
+# The buffer is the output of `tanh` (the op that produces it), 2048 bytes per device, for group `('tp',)`, and it
+# feeds the all-reduce. Results are identical with and without the annotation (True).
+#
+# ### 2. `requires_symmetric`: declare it once per collective
+#
+# Annotating every call site does not scale. `requires_symmetric(lax.psum)` registers JAX's collective, so
+# every `psum` operand is marked, at any depth (here inside a `scan` body and a nested `jit`), when
+# `donate.jit` (or `symm.mark_required`) processes the program. For your own collective, e.g. a ring
+# all-reduce built from `ppermute`, `requires_symmetric` returns a wrapper that marks the chosen arguments.
 
-Annotating every call site does not scale. `requires_symmetric(lax.psum)` registers JAX's collective, so
-every `psum` operand is marked, at any depth (here inside a `scan` body and a nested `jit`), when
-`donate.jit` (or `symm.mark_required`) processes the program. For your own collective, e.g. a ring
-all-reduce built from `ppermute`, `requires_symmetric` returns a wrapper that marks the chosen arguments.
-"""),
-("code", r"""
+# %%
 donate.requires_symmetric(lax.psum)
 print("registered:", sorted(symm.registered_requirements()))
 
@@ -128,19 +125,20 @@ print("before mark_required:", len(symm.comm_buffers(jaxpr)), "buffer(s) from th
 show(symm.comm_buffers(symm.mark_required(jaxpr)))
 for b in symm.comm_buffers(symm.mark_required(jaxpr)):
     print(f"  {b.producer:16s} found inside {' / '.join(b.path)}")
-"""),
-("md", r"""
-Without touching the function body, the operands of both registered `psum`s are found, in the scan body
-(`sin`) and the nested `jit` (`exp`), and the wrapped ring all-reduce marks its input (`mul`). The
-registration is global; `symm.clear_requirements()` undoes it (done at the end of this notebook).
 
-### 3. `symmetric_memory`: a custom op under the context
 
-A custom op (here a `custom_vjp` function with two outputs) is opaque to the trace-back: the RFC's answer
-is to run it under a symmetric-memory context, so *all* its outputs become symmetric. That may
-over-allocate, and the user should be told: only the first output feeds the all-reduce.
-"""),
-("code", r"""
+# %% [markdown]
+# Without touching the function body, the operands of both registered `psum`s are found, in the scan body
+# (`sin`) and the nested `jit` (`exp`), and the wrapped ring all-reduce marks its input (`mul`). The
+# registration is global; `symm.clear_requirements()` undoes it (done at the end of this notebook).
+#
+# ### 3. `symmetric_memory`: a custom op under the context
+#
+# A custom op (here a `custom_vjp` function with two outputs) is opaque to the trace-back: the RFC's answer
+# is to run it under a symmetric-memory context, so *all* its outputs become symmetric. That may
+# over-allocate, and the user should be told: only the first output feeds the all-reduce.
+
+# %%
 @jax.custom_vjp
 def gate(h):
     return jax.nn.gelu(h), jax.nn.sigmoid(h)
@@ -173,19 +171,19 @@ buffers = symm.comm_buffers(symm.mark_required(jax.make_jaxpr(block_fn)(x, w)))
 show(buffers)
 FIGURES["n_buffers"] = len(buffers)
 FIGURES["over"] = sum(b.over_allocated_bytes for b in buffers)
-"""),
-("md", r"""
-<<n_buffers>> buffers: the annotated `tanh` (also covered by the `psum` registration), both outputs of the
-custom op (the second reaches no collective: <<over>> bytes over-allocated), and the input of the ring
-all-reduce.
 
-## `donate.jit`: the plan's notes
+# %% [markdown]
+# 4 buffers: the annotated `tanh` (also covered by the `psum` registration), both outputs of the
+# custom op (the second reaches no collective: 2048 bytes over-allocated), and the input of the ring
+# all-reduce.
+#
+# ## `donate.jit`: the plan's notes
+#
+# `donate.jit` runs the same trace-back and puts what it found in the donation plan: notes for buffers that
+# waste symmetric memory, and the bytes of marked buffers. Donating `x` also works here: the block's output
+# is a residual update of `x`, sharded like it, so it reuses `x`'s buffer on every device.
 
-`donate.jit` runs the same trace-back and puts what it found in the donation plan: notes for buffers that
-waste symmetric memory, and the bytes of marked buffers. Donating `x` also works here: the block's output
-is a residual update of `x`, sharded like it, so it reuses `x`'s buffer on every device.
-"""),
-("code", r"""
+# %%
 step = donate.jit(block_fn, donate_argnums=0)
 plan = step.plan(x, w)
 for note in plan.notes:
@@ -193,17 +191,17 @@ for note in plan.notes:
 print("symmetric memory requested (unpacked):", plan.collective_memory_bytes, "bytes per device")
 FIGURES["collective_unpacked"] = plan.collective_memory_bytes
 plan
-"""),
-("md", r"""
-## The lowered module's markings
 
-`step.lower(...)` gives the StableHLO module `donate.jit` compiles. Each symmetric buffer's *producing
-operation* carries `mhlo.frontend_attributes` with `donate.symmetric`, the group, the source of the request
-and `donate.memory_space_color = "1"` (the collective memory space of jaxlib 0.10; the compiled programs below show `S(1)` or, on jaxlib 0.12, `S(7)`). The custom op's two outputs are the
-ops it lowers to (gelu's `multiply`, sigmoid's `divide`). The donated `x` is sharded, so the module marks it
-`jax.buffer_donor` and XLA makes the alias when it compiles (`donate.jit` checked that it did).
-"""),
-("code", r"""
+# %% [markdown]
+# ## The lowered module's markings
+#
+# `step.lower(...)` gives the StableHLO module `donate.jit` compiles. Each symmetric buffer's *producing
+# operation* carries `mhlo.frontend_attributes` with `donate.symmetric`, the group, the source of the request
+# and `donate.memory_space_color = "1"` (the collective memory space of jaxlib 0.10; the compiled programs below show `S(1)` or, on jaxlib 0.12, `S(7)`). The custom op's two outputs are the
+# ops it lowers to (gelu's `multiply`, sigmoid's `divide`). The donated `x` is sharded, so the module marks it
+# `jax.buffer_donor` and XLA makes the alias when it compiles (`donate.jit` checked that it did).
+
+# %%
 text = step.lower(x, w).as_text()
 marked = [line.strip() for line in text.splitlines() if "donate.symmetric" in line]
 for line in marked:
@@ -217,16 +215,16 @@ compiled_text = step.lower(x, w).compile().as_text()
 print("compiled:", re.search(r"input_output_alias=\{ .*? \}", compiled_text).group(0),
       "(output <- parameter 0, x)")
 FIGURES["n_marked"] = len(marked)
-"""),
-("md", r"""
-## The memory plan: one pool per (kind, group)
 
-`planner.plan_memory(fun, *args)` walks the jaxpr (recursing into `shard_map`, the custom op, loops and
-calls), gives every buffer a live range, and packs the comm buffers into one pool per (kind, group),
-in isolation from the regular buffers (which share one arena, with in-place reuse). Sizes inside
-`shard_map` are per device. Buffers that are not live at the same time share offsets.
-"""),
-("code", r"""
+# %% [markdown]
+# ## The memory plan: one pool per (kind, group)
+#
+# `planner.plan_memory(fun, *args)` walks the jaxpr (recursing into `shard_map`, the custom op, loops and
+# calls), gives every buffer a live range, and packs the comm buffers into one pool per (kind, group),
+# in isolation from the regular buffers (which share one arena, with in-place reuse). Sizes inside
+# `shard_map` are per device. Buffers that are not live at the same time share offsets.
+
+# %%
 memory_plan = planner.plan_memory(block_fn, x, w)
 (pool,) = memory_plan.pools
 print(f"{pool.name}: {pool.size} bytes for {len(pool.allocations)} comm buffers "
@@ -235,49 +233,49 @@ for a in pool.allocations:
     print(f"  {a.name:6s} offset {a.offset:5d}  {a.size} B  live {a.live_range}  {a.buffer.producer}")
 FIGURES.update(pool_size=pool.size, pool_lb=pool.lower_bound, arena=memory_plan.arena.size,
                n_steps=len(memory_plan.steps))
-"""),
-("md", r"""
-The four 2 KiB buffers fit in a <<pool_size>>-byte pool (its lower bound is <<pool_lb>>), not the
-<<collective_unpacked>> bytes the plan counted unpacked: no more than two are live at any step, so the
-later ones reuse the offsets of the earlier ones. The full listing, in the style of Inductor's comm-buffer planning (`empty_pool`, `alloc_from_pool`),
-and the picture of both pools (memory against the <<n_steps>> steps of the program):
-"""),
-("code", r"""
+
+# %% [markdown]
+# The four 2 KiB buffers fit in a 4096-byte pool (its lower bound is 4096), not the
+# 8192 bytes the plan counted unpacked: no more than two are live at any step, so the
+# later ones reuse the offsets of the earlier ones. The full listing, in the style of Inductor's comm-buffer planning (`empty_pool`, `alloc_from_pool`),
+# and the picture of both pools (memory against the 33 steps of the program):
+
+# %%
 print(memory_plan)
-"""),
-("code", r"""
+
+# %%
 memory_plan.plot(width=9)
-"""),
-("code", r"""
+
+# %%
 reference = jax.jit(block_fn)(x, w)
 out = step(x, w)
 print("same as jax.jit:", bool(jnp.allclose(out, reference)), "| x donated:", x.is_deleted())
 symm.clear_requirements()  # undo the global lax.psum registration before the GPU part
 print("registered after clear_requirements():", symm.registered_requirements())
-"""),
-("md", r"""
-## On real GPUs: H100 and B200 programs, compiled here
 
-This machine has no GPU, but with the `gpu-aot` extra (`pip install "donate[gpu-aot]"`: the CUDA plugin
-pair at the jaxlib version, no NVIDIA libraries) JAX builds the *real* XLA:GPU executable for an abstract
-mesh of GPUs. `donate.targets.gpu_mesh("h100", 8, ...)` gives such a mesh (the H100 and B200 figures are
-those XLA publishes for each GPU); arguments are `jax.ShapeDtypeStruct`s sharded on it. The first cell set
-`jax_platforms` to `"cpu"`, so the plugin does not look for CUDA libraries. Nothing below *ran* on a GPU:
-everything is read from the compiled programs.
+# %% [markdown]
+# ## On real GPUs: H100 and B200 programs, compiled here
+#
+# This machine has no GPU, but with the `gpu-aot` extra (`pip install "donate[gpu-aot]"`: the CUDA plugin
+# pair at the jaxlib version, no NVIDIA libraries) JAX builds the *real* XLA:GPU executable for an abstract
+# mesh of GPUs. `donate.targets.gpu_mesh("h100", 8, ...)` gives such a mesh (the H100 and B200 figures are
+# those XLA publishes for each GPU); arguments are `jax.ShapeDtypeStruct`s sharded on it. The first cell set
+# `jax_platforms` to `"cpu"`, so the plugin does not look for CUDA libraries. Nothing below *ran* on a GPU:
+# everything is read from the compiled programs.
+#
+# The program is a transformer block's training step (`donate.examples.block_train_step`) on a 2 x 4 mesh,
+# data parallel on `dp` and tensor (sequence) parallel on `tp`: inside `shard_map`, `all_gather` rebuilds
+# the sequence before each column-parallel matmul, `psum_scatter` sums row-parallel products back into
+# sequence shards, `ppermute` passes each shard's last token to the next one, and the gradient reduction over
+# `dp` is a `psum` whose operands are annotated with `with_symmetric`. Outside `shard_map` the jitted step
+# clips by the global gradient norm and applies momentum SGD on NamedSharding-ed arrays, so XLA's partitioner
+# adds its own all-reduces there. Parameters and momentum are donated.
+#
+# `symm.check_placement` does with plain `jax.jit` what `donate.jit` does on a GPU target: trace, find the
+# comm buffers, take the platform from the arguments' shardings, choose the compile options, compile (with a
+# dump of XLA's buffer assignment) and read back where every annotated value landed.
 
-The program is a transformer block's training step (`donate.examples.block_train_step`) on a 2 x 4 mesh,
-data parallel on `dp` and tensor (sequence) parallel on `tp`: inside `shard_map`, `all_gather` rebuilds
-the sequence before each column-parallel matmul, `psum_scatter` sums row-parallel products back into
-sequence shards, `ppermute` passes each shard's last token to the next one, and the gradient reduction over
-`dp` is a `psum` whose operands are annotated with `with_symmetric`. Outside `shard_map` the jitted step
-clips by the global gradient norm and applies momentum SGD on NamedSharding-ed arrays, so XLA's partitioner
-adds its own all-reduces there. Parameters and momentum are donated.
-
-`symm.check_placement` does with plain `jax.jit` what `donate.jit` does on a GPU target: trace, find the
-comm buffers, take the platform from the arguments' shardings, choose the compile options, compile (with a
-dump of XLA's buffer assignment) and read back where every annotated value landed.
-"""),
-("code", r"""
+# %%
 from donate import examples, targets
 
 jax.config.update("jax_platforms", "cpu")  # already in effect: set before the first array existed
@@ -301,17 +299,17 @@ print()
 print(check.report)
 FIGURES.update(n_records=len(check.report.records), n_placed=sum(r.placed for r in check.report.records),
                n_also=len(check.report.also_placed), aliases=check.aliases)
-"""),
-("md", r"""
-All <<n_records>> annotated gradient values landed in collective memory (<<n_placed>> of <<n_records>>),
-and XLA merged them into one all-reduce (its all-reduce combiner concatenates them; the report follows the
-concatenation back to the marks). The report also says what else was placed and why: all-reduce has no
-per-compile switch in XLA, only the all-or-nothing `xla_gpu_enable_nccl_user_buffers`, so the
-<<n_also>> un-annotated collectives (the tensor-parallel all-gathers, reduce-scatters and permutes, and
-the partitioner's all-reduces) went to collective memory too. The table of every collective in the H100
-program:
-"""),
-("code", r"""
+
+# %% [markdown]
+# All 8 annotated gradient values landed in collective memory (8 of 8),
+# and XLA merged them into one all-reduce (its all-reduce combiner concatenates them; the report follows the
+# concatenation back to the marks). The report also says what else was placed and why: all-reduce has no
+# per-compile switch in XLA, only the all-or-nothing `xla_gpu_enable_nccl_user_buffers`, so the
+# 12 un-annotated collectives (the tensor-parallel all-gathers, reduce-scatters and permutes, and
+# the partitioner's all-reduces) went to collective memory too. The table of every collective in the H100
+# program:
+
+# %%
 import collections
 
 rows = collections.OrderedDict()
@@ -322,16 +320,16 @@ for name, kind, nbytes, where, annotated in check.collectives_table():
 print(f"{'collective':20s} {'annotated':9s} {'count':>5s} {'operand bytes':>14s}  placement")
 for (kind, annotated, where), (count, total) in rows.items():
     print(f"{kind:20s} {annotated:9s} {count:5d} {total:14d}  {where}")
-"""),
-("md", r"""
-### Placing only what was annotated
 
-Where XLA has a per-compile switch for one kind of collective (all-gather, collective-permute, ragged
-all-to-all), `compile_options_for` uses it instead, and un-annotated collectives of other kinds stay in
-default memory. Here the same small program is compiled three times for 8 H100s: the annotation on the
-all-gather's operand, on the all-reduce's, and none:
-"""),
-("code", r"""
+# %% [markdown]
+# ### Placing only what was annotated
+#
+# Where XLA has a per-compile switch for one kind of collective (all-gather, collective-permute, ragged
+# all-to-all), `compile_options_for` uses it instead, and un-annotated collectives of other kinds stay in
+# default memory. Here the same small program is compiled three times for 8 H100s: the annotation on the
+# all-gather's operand, on the all-reduce's, and none:
+
+# %%
 h100 = targets.gpu_mesh("h100", 8)
 v = jax.ShapeDtypeStruct((8192,), jnp.float32, sharding=NamedSharding(h100, P("x")))
 
@@ -354,24 +352,24 @@ try:
     symm.configure("AllReduce")
 except donate.DonationError as e:
     print("\nsymm.configure('AllReduce') here:", e)
-"""),
-("md", r"""
-With the all-gather annotated, one per-compile option places it and the all-reduce stays in default
-memory. With the all-reduce annotated, the only per-compile route places both. The selective route for
-all-reduce is XLA's process-wide `--xla_enable_nccl_symmetric_buffers_for_collectives` (jaxlib 0.12 and
-later), which XLA reads once, when JAX starts: `symm.configure("AllReduce")` sets it and must come before
-the first array exists; this notebook is past that point, and it says so (on jaxlib 0.10 it says the flag
-does not exist there). In a fresh process on jaxlib 0.12.0.1 it places the annotated all-reduce alone
-(`tests/test_gpu_aot.py`).
 
-### How much collective memory
+# %% [markdown]
+# With the all-gather annotated, one per-compile option places it and the all-reduce stays in default
+# memory. With the all-reduce annotated, the only per-compile route places both. The selective route for
+# all-reduce is XLA's process-wide `--xla_enable_nccl_symmetric_buffers_for_collectives` (jaxlib 0.12 and
+# later), which XLA reads once, when JAX starts: `symm.configure("AllReduce")` sets it and must come before
+# the first array exists; this notebook is past that point, and it says so (on jaxlib 0.10 it says the flag
+# does not exist there). In a fresh process on jaxlib 0.12.0.1 it places the annotated all-reduce alone
+# (`tests/test_gpu_aot.py`).
+#
+# ### How much collective memory
+#
+# XLA's buffer assignment of each compiled program has one allocation in the collective memory space:
+# that is the collective memory one GPU needs for this program, and
+# `XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB` must cover it. Beside it, the planner's pool for the
+# annotated buffers of the same program (`planner.plan_memory`):
 
-XLA's buffer assignment of each compiled program has one allocation in the collective memory space:
-that is the collective memory one GPU needs for this program, and
-`XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB` must cover it. Beside it, the planner's pool for the
-annotated buffers of the same program (`planner.plan_memory`):
-"""),
-("code", r"""
+# %%
 print(symm.sizing_table([checks[g].sizing(g) for g in checks]))
 for g, c in checks.items():
     print(f"{g}: {c.memory}")
@@ -379,15 +377,15 @@ for g, c in checks.items():
           f"({c.annotated_bytes} B unpacked)")
 FIGURES.update(xla_mb=checks["h100"].memory.recommended_mb, xla_bytes=checks["h100"].memory.nbytes,
                planned=checks["h100"].planned_bytes)
-"""),
-("md", r"""
-XLA's allocation (<<xla_bytes>> bytes per H100: `XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB=<<xla_mb>>`)
-holds every buffer it placed, annotated or not, operands and results. The planner's pool
-(<<planned>> bytes) holds only the annotated operands, packed by liveness: it is what a selective
-placement of the annotations needs, and it is smaller. In a picture, per collective kind, the operand bytes
-in collective memory (annotated and not) and in default memory, and the two pool sizes, for both GPUs:
-"""),
-("code", r"""
+
+# %% [markdown]
+# XLA's allocation (8396800 bytes per H100: `XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB=9`)
+# holds every buffer it placed, annotated or not, operands and results. The planner's pool
+# (262144 bytes) holds only the annotated operands, packed by liveness: it is what a selective
+# placement of the annotations needs, and it is smaller. In a picture, per collective kind, the operand bytes
+# in collective memory (annotated and not) and in default memory, and the two pool sizes, for both GPUs:
+
+# %%
 import matplotlib.pyplot as plt
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 1.3]})
@@ -412,18 +410,18 @@ axes[1].set_xticks([0.2, 1.2], names)
 axes[1].set_title("collective memory per device (MiB)")
 axes[1].legend(fontsize=8)
 fig.tight_layout()
-"""),
-("md", r"""
-What is verified here, on jaxlib 0.10.2 and 0.12.0.1: the compiled H100 and B200 programs, their memory
-spaces (`S(1)` on jaxlib 0.10, `S(7)` on 0.12), aliases and buffer assignment. What is not: any run on a
-GPU, NCCL's speed with registered or symmetric buffers, and the allocator actually honouring the size.
-`benchmarks/gpu/` has the script to measure that on a real GPU machine.
 
-`donate.jit` does all of this by itself: it takes the target from the abstract arguments' shardings,
-compiles with the placement options, and puts the placement report in the plan, beside the aliases of the
-donated parameters and momentum (`symmetric_placement=False` compiles as `jax.jit` would):
-"""),
-("code", r"""
+# %% [markdown]
+# What is verified here, on jaxlib 0.10.2 and 0.12.0.1: the compiled H100 and B200 programs, their memory
+# spaces (`S(1)` on jaxlib 0.10, `S(7)` on 0.12), aliases and buffer assignment. What is not: any run on a
+# GPU, NCCL's speed with registered or symmetric buffers, and the allocator actually honouring the size.
+# `benchmarks/gpu/` has the script to measure that on a real GPU machine.
+#
+# `donate.jit` does all of this by itself: it takes the target from the abstract arguments' shardings,
+# compiles with the placement options, and puts the placement report in the plan, beside the aliases of the
+# donated parameters and momentum (`symmetric_placement=False` compiles as `jax.jit` would):
+
+# %%
 gpu_mesh = targets.gpu_mesh("h100", 8, ("dp", "tp"), shape=(2, 4))
 args = examples.block_abstract_args(gpu_mesh, batch=16, seq=256, d_model=256, d_ff=1024)
 step = donate.jit(examples.block_train_step(gpu_mesh), donate_argnums=(0, 1))
@@ -432,7 +430,3 @@ plan = compiled.plan
 print(plan.placements)
 print(f"aliased: {sum(d.action == 'aliased' for d in plan.decisions)} of {len(plan.decisions)} "
       f"input leaves, {plan.bytes_reused / 2**20:.1f} MiB reused per device step")
-"""),
-]
-
-build("03_collectives_and_symmetric_memory.ipynb", cells)
