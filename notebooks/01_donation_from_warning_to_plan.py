@@ -14,7 +14,8 @@
 # 3. strict mode, which raises instead of warning and consumes nothing;
 # 4. the use-after-donation error, which names the line that donated and the line that read.
 #
-# Everything runs on CPU; every figure below is printed by the cell above it.
+# Everything runs on CPU; every figure below is printed by the cell above it, and the cells check the
+# facts the text states.
 
 # %%
 import re
@@ -27,7 +28,6 @@ import jax.numpy as jnp
 
 import donate
 
-FIGURES = {}  # the numbers the text cites
 print("jax", jax.__version__, "| backend", jax.default_backend(), "| donate", donate.__version__)
 
 
@@ -64,12 +64,10 @@ with warnings.catch_warnings(record=True) as caught:
     params, opt_state, loss = jax_step(params, opt_state, batch)
 for w in caught:
     print(f"{w.category.__name__}: {w.message}")
-FIGURES["jax_warning"] = str(caught[0].message).splitlines()[0]
 
 # %% [markdown]
-# Besides a link to the FAQ, that is the whole message: `Some donated buffers were not usable: float32[128,256], float32[128,16].` It names two avals, not the
-# leaves they came from, says nothing about why no output could take them, and gives no way to make it an
-# error.
+# Besides a link to the FAQ, that is the whole message. It names two avals, not the leaves they came
+# from, says nothing about why no output could take them, and gives no way to make it an error.
 #
 # ## The same step under `donate.jit`
 #
@@ -84,15 +82,13 @@ g = donate.jit(step, donate_argnums=(0, 1, 2))
 with warnings.catch_warnings(record=True) as plan_warnings:  # shown in the next cell
     warnings.simplefilter("always")
     plan = g.plan(params, opt_state, batch)
-FIGURES["requested"] = f"{plan.bytes_requested / 1024:.1f} KiB"
-FIGURES["reused"] = f"{plan.bytes_reused / 1024:.1f} KiB"
-FIGURES["n_aliased"] = sum(d.action == "aliased" for d in plan.decisions)
-FIGURES["n_unusable"] = len(plan.unusable)
+assert sum(d.action == "aliased" for d in plan.decisions) == 5 and len(plan.unusable) == 2
+assert (plan.bytes_requested, plan.bytes_reused) == (172_164, 32_900)  # 168.1 KiB, 32.1 KiB
 plan
 
 # %% [markdown]
-# 5 leaves are aliased, each to the output computed from it; the 2 batch leaves
-# are `unusable`, and the reason names the nearest output and what differs. Of the 168.1 KiB
+# The five parameter and optimizer leaves are aliased, each to the output computed from it; the two batch
+# leaves are `unusable`, and the reason names the nearest output and what differs. Of the 168.1 KiB
 # requested, 32.1 KiB are really reused; the footer adds the compiled program's own memory figures.
 #
 # Compiling for new shapes (here, the `plan` call) warns once with the same per-leaf explanation, a
@@ -115,7 +111,6 @@ with warnings.catch_warnings():
 print("params['w'] deleted:", params["w"].is_deleted())
 print("new params['w'] at the old address:", new_params["w"].unsafe_buffer_pointer() == old_w_pointer)
 print("batch alive:", not any(x.is_deleted() for x in batch))
-FIGURES["same_address"] = new_params["w"].unsafe_buffer_pointer() == old_w_pointer
 
 
 # %% [markdown]
@@ -176,30 +171,16 @@ jax_text = variants["jax.jit(donate_argnums=(0, 1))"].lower(*make()).compile().a
 print("\njax.jit pairs (first come, first served):", input_output_alias(jax_text))
 print("donate.jit pairs (by dataflow):           ", swap_plan.aliases)
 
-d, j, plain = rows.values()
-FIGURES.update(
-    swap_temp_donate=f"{d[0] / MiB:.0f} MiB", swap_temp_jax=f"{j[0] / MiB:.0f} MiB",
-    swap_peak_donate=f"{d[1] / MiB:.0f} MiB", swap_peak_jax=f"{j[1] / MiB:.0f} MiB",
-    swap_peak_plain=f"{plain[1] / MiB:.0f} MiB", swap_temp_plain=f"{plain[0] / MiB:.0f} MiB",
-    swap_ms_donate=f"{d[2]:.2f}", swap_ms_jax=f"{j[2]:.2f}", swap_ms_plain=f"{plain[2]:.2f}",
-    swap_speedup=f"{j[2] / d[2]:.0f}",
-    swap_vs_plain="slower even than" if j[2] > plain[2] else "no faster than")
+mib = [(round(temp / MiB), round(peak / MiB)) for temp, peak, _ in rows.values()]
+assert mib == [(0, 32), (32, 64), (0, 64)]  # (temporaries, peak) in MiB, as the text says
 
 # %% [markdown]
-# In this run:
-#
-# | variant | temporaries | peak | step |
-# |---|---|---|---|
-# | `donate.jit(donate_argnums=(0, 1))` | 0 MiB | 32 MiB | 0.51 ms |
-# | `jax.jit(donate_argnums=(0, 1))` | 32 MiB | 64 MiB | 17.59 ms |
-# | `jax.jit`, no donation | 0 MiB | 64 MiB | 14.93 ms |
-#
-# `jax.jit` with both inputs donated needs 32 MiB of temporaries; its peak is no better than
-# not donating at all, and its step is slower even than the undonated one (14.93 ms).
-# `donate.jit` needs no temporaries and its step is about 34x faster than the mis-paired one:
-# the update of `b` really is in place, one element written instead of 16 MiB copied.
-# Step times are medians of 20 steps on this shared machine; the memory figures are the compiled programs'
-# own `memory_analysis()`.
+# `jax.jit` with both inputs donated needs 32 MiB of temporaries, and its peak (64 MiB) is no better than
+# not donating at all; its step takes about as long as the undonated one, and many times longer than
+# `donate.jit`'s. `donate.jit` needs no temporaries and peaks at 32 MiB, the two arrays: the update of
+# `b` really is in place, one element written instead of 16 MiB copied. The memory figures are the
+# compiled programs' own `memory_analysis()`; the step times above are medians of 20 steps on this
+# shared machine and vary from run to run.
 #
 # ## Strict mode
 #
@@ -215,7 +196,6 @@ except donate.DonationError as e:
     print(type(e).__name__ + ":", e)
 leaves = jax.tree.leaves((params, opt_state, batch))
 print("\nall", len(leaves), "inputs alive:", not any(x.is_deleted() for x in leaves))
-FIGURES["strict_alive"] = not any(x.is_deleted() for x in leaves)
 
 # %% [markdown]
 # The fix the message suggests, donating only what an output can reuse, passes strict mode. Training a few
