@@ -1,43 +1,38 @@
-"""Runs every notebook in notebooks/ top to bottom in a fresh kernel; any failing cell fails the test.
+"""Runs every notebook source top to bottom in a fresh kernel; any failing cell fails the test.
 
-Each notebook runs with nbclient in a new "python3" kernel whose working directory is notebooks/.
-The kernel imports this checkout's `donate` (PYTHONPATH points at the repository root, which also
-works when the package is installed with `pip install -e .`). The notebooks are executed in memory;
-the files, with the outputs committed in them, are not rewritten.
+The sources are notebooks/*.py (jupytext percent format); tests/test_structure.py checks that the
+committed .ipynb and docs/notebooks/*.html match them. Each runs as `scripts/notebooks.py` runs it
+when it writes the .ipynb: in a new "python3" kernel working in notebooks/, importing this checkout's
+`donate` (PYTHONPATH points at the repository root, which also works when the package is installed
+with `pip install -e .`). Nothing is written. The cells check the facts their text states, so a
+notebook whose text has become false fails here.
 """
 
-import os
+import importlib.util
 import pathlib
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("jupytext")
 nbclient = pytest.importorskip("nbclient")
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-NOTEBOOKS = REPO / "notebooks"
-CELL_TIMEOUT = 300  # seconds per cell
-
-
-def _kernel_env() -> dict[str, str]:
-  paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-  return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+_spec = importlib.util.spec_from_file_location("notebook_tool", REPO / "scripts" / "notebooks.py")
+notebook_tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(notebook_tool)
 
 
 def test_there_are_notebooks():
-  assert len(sorted(NOTEBOOKS.glob("*.ipynb"))) >= 4
+  assert len(notebook_tool.sources()) >= 4
 
 
-@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
-def test_notebook_runs_top_to_bottom(path):
-  nb = nbformat.read(path, as_version=4)
-  client = nbclient.NotebookClient(
-      nb, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=False,
-      resources={"metadata": {"path": str(NOTEBOOKS)}})
+@pytest.mark.parametrize("source", notebook_tool.sources(), ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(source):
+  nb = notebook_tool.read_source(source)
   try:
-    client.execute(env=_kernel_env())
+    notebook_tool.execute(nb)
   except nbclient.exceptions.CellExecutionError as e:
-    pytest.fail(f"{path.name}: a cell failed\n{e}", pytrace=False)
+    pytest.fail(f"{source.name}: a cell failed\n{e}", pytrace=False)
   executed = [c for c in nb.cells if c.cell_type == "code"]
   assert executed and all(c.execution_count is not None for c in executed)
   errors = [o for c in executed for o in c.get("outputs", []) if o.get("output_type") == "error"]
