@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import donate
-from donate import _hlo_text
+from donate import _hlo
 from donate import _symm_place
 from donate import _symm_report
 from donate import _examples as examples
@@ -55,7 +55,7 @@ def _compile(f, *args, donate_argnums=()):
 
 def _spaces(compiled):
   """{collective kind: memory space of its first operand} read from the compiled HLO."""
-  module = _hlo_text.parse_module(compiled.as_text())
+  module = _hlo.parse_module(compiled.as_text())
   return {u.kind: u.memory_space for u in _symm_report.collectives(module)}
 
 
