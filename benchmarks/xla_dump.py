@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import re
 import sys
 from pathlib import Path
 
-_ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*)$")
-_VALUE = re.compile(r"^ value: <(\d+) (\S+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)")
-_RANGE = re.compile(r"^\s+(\S+):(\d+)-(\d+)$")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from donate import _hlo_dump  # noqa: E402  (after the path tweak)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,7 +75,7 @@ def find_module(folder: Path, module: str | None = None) -> str:
 def read(prefix: str) -> Packing:
   """The largest temp allocation of the module dumped at ``prefix``."""
   size, values = _temp_allocation(Path(f"{prefix}-buffer-assignment.txt").read_text())
-  ranges = _live_ranges(Path(f"{prefix}-live-range.txt").read_text())
+  ranges = _hlo_dump.parse_live_ranges(Path(f"{prefix}-live-range.txt").read_text())
   rows, missing = [], []
   for name, value_size, offset in values:
     key = name if "{" in name else name + "{}"
@@ -98,37 +97,11 @@ def read(prefix: str) -> Packing:
 
 def _temp_allocation(text: str):
   """(size, [(value name, size, offset)]) of the largest preallocated-temp allocation."""
-  allocations, current = [], None
-  for line in text.splitlines():
-    header = _ALLOCATION.match(line)
-    if header:
-      current = None
-      if "preallocated-temp" in header.group(3):
-        current = (int(header.group(2)), [])
-        allocations.append(current)
-      continue
-    value = _VALUE.match(line)
-    if line.startswith(" value: ") and not value:
-      raise ValueError(f"cannot read the value line {line!r}")
-    if value and current is not None:
-      current[1].append((value.group(2), int(value.group(3)), int(value.group(4))))
-  if not allocations:
+  temps = [a for a in _hlo_dump.parse_buffer_assignment(text) if "preallocated-temp" in a.kind]
+  if not temps:
     raise ValueError("the module has no preallocated temp allocation")
-  return max(allocations, key=lambda a: a[0])
-
-
-def _live_ranges(text: str) -> dict[str, tuple[int, int]]:
-  """Value name -> (first, last) position in the schedule, both inclusive."""
-  ranges, inside = {}, False
-  for line in text.splitlines():
-    if line.strip() == "BufferLiveRange:":
-      inside = True
-    elif inside:
-      match = _RANGE.match(line)
-      if not match:
-        break
-      ranges[match.group(1)] = (int(match.group(2)), int(match.group(3)))
-  return ranges
+  largest = max(temps, key=lambda a: a.size)
+  return largest.size, largest.values
 
 
 def _shared(rows: list[list[int]]) -> list[list[int]]:

@@ -181,21 +181,21 @@ class _Analysis:
       if op in PASS_THROUGH or op == "opt-barrier":
         nxt = self.operand(instr)
       elif op == "get-tuple-element":
-        index, nxt = (int(instr.attr("index") or 0),) + index, self.operand(instr)
+        index, nxt = (instr.index or 0,) + index, self.operand(instr)
       elif op == "tuple" and index:
         nxt, index = self.operand(instr, index[0]), index[1:]
       elif op == "while" and index:
         carries.append((self.loop(instr), index[0]))
         nxt = self.operand(instr)
       elif op == "call" and index:
-        callee = dict(instr.called()).get("to_apply")
+        callee = dict(instr.called).get("to_apply")
         nxt = self.m.computations[callee].root if callee in self.m.computations else None
       elif op == "parameter":
         nxt, carry = self._through_parameter(instr, index)
         if carry is not None:
           carries.append(carry)
         if nxt is None:
-          param = instr.parameter_number() if self.comp(instr).is_entry else None
+          param = instr.parameter_number if self.comp(instr).is_entry else None
           return _Origin(tuple(carries), param, None)
       if nxt is None:
         return _Origin(tuple(carries), None, instr)
@@ -208,13 +208,13 @@ class _Analysis:
     if not callers:
       return None, None
     caller, attr = callers[0]
-    n = param.parameter_number()
+    n = param.parameter_number
     if caller.opcode == "while":
       carry = (self.loop(caller), index[0]) if index else None
       return self.operand(caller), carry
     if caller.opcode == "conditional":
       if attr == "branch_computations":
-        names = [c for a, c in caller.called() if a == "branch_computations"]
+        names = [c for a, c in caller.called if a == "branch_computations"]
         return self.operand(caller, 1 + names.index(param.computation)), None
       return self.operand(caller, 1 if attr == "true_computation" else 2), None
     if caller.opcode == "call":
@@ -258,7 +258,7 @@ def inplace_operand(module: _hlo.Module, instr: _hlo.Instruction) -> int | None:
     return int(inner) if inner.strip().isdigit() else None
   if instr.opcode not in ("fusion", "fusion-start"):
     return None
-  fused = module.computations.get(dict(instr.called()).get("calls", ""))
+  fused = module.computations.get(dict(instr.called).get("calls", ""))
   if fused is None:
     return None
   root = fused.root
@@ -269,7 +269,7 @@ def inplace_operand(module: _hlo.Module, instr: _hlo.Instruction) -> int | None:
   target = fused.get(root.operands[0])
   while target is not None and target.opcode == "bitcast":
     target = fused.get(target.operands[0])
-  return target.parameter_number() if target is not None and target.opcode == "parameter" else None
+  return target.parameter_number if target is not None and target.opcode == "parameter" else None
 
 
 def _passes(instr: _hlo.Instruction) -> bool:
@@ -291,11 +291,11 @@ def _slot(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction) -> _Slot
     out = root if not outs else (a.m.computations[comp.name].get(root.operands[outs[0]])
                                  if root.opcode == "tuple" else None)
     inputs = tuple(i for i in comp.instructions if i.opcode == "parameter"
-                   and i.parameter_number() == k)
+                   and i.parameter_number == k)
   else:
     out = comp.get(root.operands[k]) if root.opcode == "tuple" and k < len(root.operands) else None
     inputs = tuple(i for i in comp.instructions if i.opcode == "get-tuple-element"
-                   and int(i.attr("index") or -1) == k
+                   and i.index == k
                    and (p := comp.get(i.operands[0])) is not None and p.opcode == "parameter")
   if out is None:
     return None
@@ -321,11 +321,11 @@ def _slot_index(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction):
   if node is None:
     return None
   if node.opcode == "parameter" and comp.is_entry:
-    return ("entry", node.parameter_number())
+    return ("entry", node.parameter_number)
   if node.opcode == "get-tuple-element":
     src = a.operand(node)
     if src is not None and src.opcode == "parameter":
-      return ("tuple", int(node.attr("index") or 0))
+      return ("tuple", node.index or 0)
   # The copy's operand was made in this computation: find the root position it flows to.
   users = a.users(comp)
   node, seen = copy, set()
@@ -363,7 +363,7 @@ def find_copies(compiled_hlo_text: str, *, in_paths: list[str] | None = None,
   Returns:
     One record per copy, in program order (entry first, then loop bodies).
   """
-  module = _hlo.parse(compiled_hlo_text)
+  module = _hlo.parse_module(compiled_hlo_text)
   info = _copies_why.JaxprLoops(jaxpr) if jaxpr is not None else None
   a = _Analysis(module, in_paths, info)
   records = []

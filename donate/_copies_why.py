@@ -172,7 +172,7 @@ def _returned_elsewhere(a, comp, slot) -> list[int]:
     return []
   mine = slot.index if slot.index is not None else None
   if mine is None and slot.inputs:
-    outs = a.m.aliases.get(slot.inputs[0].parameter_number())
+    outs = a.m.aliases.get(slot.inputs[0].parameter_number)
     mine = outs[0] if outs else None
   return [k for k, name in enumerate(root.operands) if name in members and k != mine]
 
@@ -198,7 +198,7 @@ def _at(lines) -> str:
 def reader_lines(a, user, k: int) -> list[str]:
   """Source lines of what `user` does with operand `k` (inside a fusion: the fused reader)."""
   if user.opcode == "fusion":
-    fused = a.m.computations.get(dict(user.called()).get("calls", ""))
+    fused = a.m.computations.get(dict(user.called).get("calls", ""))
     param = fused.parameter(k) if fused is not None else None
     if param is not None:
       found = _first_sources(a, fused, param)
@@ -231,7 +231,7 @@ def _first_sources(a, comp, start) -> list[str]:
 def updater_lines(a, instr) -> list[str]:
   """Source line of an in-place update (inside a fusion: the fused update itself)."""
   if instr.opcode in ("fusion", "fusion-start"):
-    fused = a.m.computations.get(dict(instr.called()).get("calls", ""))
+    fused = a.m.computations.get(dict(instr.called).get("calls", ""))
     if fused is not None:
       root = fused.root
       while root is not None and root.opcode == "bitcast":

@@ -184,7 +184,7 @@ def test_two_carries_of_one_shape_are_told_apart():
 def test_older_spellings_parse_alike():
   """Quoted backend_config and source_file/source_line metadata (older XLA) give the same report."""
   text = jax.jit(read_then_update, donate_argnums=0).lower(jnp.zeros(N), XS).compile().as_text()
-  module = _hlo.parse(text)
+  module = _hlo.parse_module(text)
   frames = {f"stack_frame_id={k}": v for k, v in module.frames.items()}
   older = re.sub(r"backend_config=(\{.*\})", lambda m: "backend_config=" + json.dumps(m.group(1)),
                  text)

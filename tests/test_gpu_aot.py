@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import donate
-from donate import _hlo_text
+from donate import _hlo
 from donate import _examples as examples
 from donate import symm
 from donate import targets
@@ -55,7 +55,7 @@ def _compile(f, *args, donate_argnums=()):
 
 def _spaces(compiled):
   """{collective kind: memory space of its first operand} read from the compiled HLO."""
-  module = _hlo_text.parse_module(compiled.as_text())
+  module = _hlo.parse_module(compiled.as_text())
   return {u.kind: u.memory_space for u in collectives(module)}
 
 

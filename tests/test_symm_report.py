@@ -11,7 +11,7 @@ import pytest
 from jax import lax
 
 import donate
-from donate import _hlo_text
+from donate import _hlo
 from donate._errors import DonationError
 from donate._errors import SymmetricMemoryWarning
 from donate._symm import report
@@ -52,7 +52,7 @@ def _no_process_spec(monkeypatch):
 
 
 def test_collectives_of_the_compiled_program():
-  uses = report.collectives(_hlo_text.parse_module(PLACED))
+  uses = report.collectives(_hlo.parse_module(PLACED))
   assert [(u.instruction, u.kind, u.memory_space, u.annotated, u.dtype, u.nbytes) for u in uses] == [
       ("all-reduce-start", "all-reduce", 1, True, "f32", 1024),
       ("all-gather-start", "all-gather", 1, False, "f32", 1024)]
@@ -115,7 +115,7 @@ ENTRY %main (p: f32[4]) -> f32[8] {{
   %cat = f32[8]{{0:S(7)}} concatenate(%h, %g), dimensions={{0}}
   ROOT %ar = f32[8]{{0:S(7)}} all-reduce(%cat), channel_id=1, to_apply=%add
 }}"""
-  module = _hlo_text.parse_module(text)
+  module = _hlo.parse_module(text)
   assert report._marked(module, "g") and not report._marked(module, "h")
   (use,) = report.collectives(module)
   assert use.annotated and use.memory_space == 7

@@ -1,7 +1,7 @@
 """Where the annotated values landed in the compiled program, and how much collective memory it takes.
 
 ``placement_report(compiled_hlo_text, comm_buffers)`` reads the compiled HLO structurally
-(``donate._hlo_text``): every collective, the memory space of each operand, and whether the operand
+(``donate._hlo``): every collective, the memory space of each operand, and whether the operand
 comes from a value the user annotated (the producing op carries ``donate.symmetric`` in its
 frontend attributes, which XLA keeps on the op and on the fusion that absorbs it). Each annotated
 buffer gets a record: "collective memory S(n)" or "default memory" with the reason; un-annotated
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-from donate import _hlo_text
+from donate import _hlo
 from donate._errors import DonationError
 from donate._errors import SymmetricMemoryWarning
 from donate._errors import message
@@ -151,7 +151,7 @@ def collectives(module) -> tuple[CollectiveUse, ...]:
     leaf = operand.leaves[0] if operand is not None and operand.leaves else None
     space = leaf.memory_space if leaf is not None else 0
     out.append(CollectiveUse(
-        ins.name, kind, 0 if space == _hlo_text.HOST_MEMORY_SPACE else space,
+        ins.name, kind, 0 if space == _hlo.HOST_MEMORY_SPACE else space,
         any(_marked(module, op) for op in ins.operands), leaf.dtype if leaf else "",
         sum(module.find(op).leaves[0].nbytes for op in ins.operands
             if module.find(op) is not None and module.find(op).leaves), ins.collectives_mode,
@@ -225,7 +225,7 @@ def placement_report(compiled_hlo_text: str, comm_buffers) -> PlacementReport:
   PlacementReport: 0 of 1 annotated values in collective memory
     sin output float32[2] (all-reduce ...): default memory; no collective-memory option was on ...
   """
-  module = _hlo_text.parse_module(compiled_hlo_text)
+  module = _hlo.parse_module(compiled_hlo_text)
   uses = collectives(module)
   placed_any = any(u.memory_space for u in uses)
   records, taken = [], set()

@@ -20,7 +20,8 @@ import math
 import os
 import tempfile
 
-from donate import _hlo_text
+from donate import _hlo
+from donate import _hlo_dump
 from donate._errors import DonationError
 from donate._errors import message
 
@@ -93,7 +94,7 @@ class XlaCollectiveMemory:
   """
   nbytes: int
   color: int
-  allocations: tuple[_hlo_text.Allocation, ...]
+  allocations: tuple[_hlo_dump.Allocation, ...]
 
   @property
   def recommended_mb(self) -> int:
@@ -131,11 +132,11 @@ def collective_allocation(dump_dir: str, compiled_hlo_text: str | None = None
   if not files:
     raise FileNotFoundError(f"no *after_optimizations-buffer-assignment.txt in {dump_dir}")
   with open(files[-1]) as fh:
-    allocations = _hlo_text.parse_buffer_assignment(fh.read())
+    allocations = _hlo_dump.parse_buffer_assignment(fh.read())
   if compiled_hlo_text is not None:
-    colors = _hlo_text.collective_memory_spaces(_hlo_text.parse_module(compiled_hlo_text))
+    colors = _hlo.collective_memory_spaces(_hlo.parse_module(compiled_hlo_text))
   else:
-    colors = {a.color for a in allocations} - {0, _hlo_text.HOST_MEMORY_SPACE}
+    colors = {a.color for a in allocations} - {0, _hlo.HOST_MEMORY_SPACE}
   chosen = tuple(a for a in allocations if a.color in colors)
   return XlaCollectiveMemory(sum(a.size for a in chosen), min(colors, default=0), chosen)
 

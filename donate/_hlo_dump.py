@@ -1,0 +1,94 @@
+"""Reading the files XLA writes beside a compiled module when asked to (`xla_dump_to`).
+
+`parse_buffer_assignment` reads `*after_optimizations-buffer-assignment.txt`: one `Allocation` per
+`allocation N: size S, color C, ...:` block, with the values XLA put in it at their offsets (the
+collective-memory sizing of `donate._symm_size` reads the allocations of the collective colour).
+`parse_live_ranges` reads `*after_optimizations-live-range.txt`: when each value is live in the
+module's schedule (`benchmarks/xla_dump.py` turns both into packing problems). The compiled
+module's own text is read by `donate._hlo`.
+
+>>> (a,) = parse_buffer_assignment('''BufferAssignment:
+... allocation 13: size 53248, color 7, page 0, preallocated-temp:
+...  value: <19 psum.7.2 @7> (size=4096,offset=0): f32[1024]{0:S(7)}
+...  value: <20 while.3{1} (phi) @7> (size=8,offset=4096): s32[2]{0:S(7)}''')
+>>> a.index, a.size, a.color, a.kind
+(13, 53248, 7, 'color 7, page 0, preallocated-temp')
+>>> a.values
+(('psum.7.2', 4096, 0), ('while.3{1}', 8, 4096))
+>>> parse_live_ranges('''BufferLiveRange:
+...     psum.7.2{}:7-8
+...     while.3{1}:0-11
+...   Live ranges at 9 (peak):''')
+{'psum.7.2{}': (7, 8), 'while.3{1}': (0, 11)}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+_ALLOCATION = re.compile(r"allocation (\d+): size (\d+)(.*):\s*$")
+_VALUE = re.compile(r" value: <\d+ (\S+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)")
+_RANGE = re.compile(r"\s+(\S+):(\d+)-(\d+)\s*$")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Allocation:
+  """One allocation of XLA's buffer assignment: index, size in bytes, colour, and its values.
+
+  `kind` is the rest of the allocation's header (`color 7, page 0, preallocated-temp`,
+  `parameter 0, shape |f32[4]| at ShapeIndex {}`, ...); `values` are (value name, size, offset).
+  """
+  index: int
+  size: int
+  color: int
+  kind: str
+  values: tuple[tuple[str, int, int], ...]
+
+
+def parse_buffer_assignment(text: str) -> tuple[Allocation, ...]:
+  """Parses a `*buffer-assignment.txt` dump into allocations (colour 0 when none is printed).
+
+  Raises:
+    ValueError: on a value line it cannot read (sizes summed from the rest would be wrong).
+  """
+  out, head, values = [], None, []
+
+  def flush():
+    if head is not None:
+      out.append(Allocation(*head, tuple(values)))
+
+  for line in text.splitlines():
+    header = _ALLOCATION.match(line)
+    if header:
+      flush()
+      rest = header.group(3).strip(", ")
+      color = re.search(r"(?:^|, )color (\d+)", rest)
+      head = (int(header.group(1)), int(header.group(2)), int(color.group(1)) if color else 0, rest)
+      values = []
+    elif line.startswith(" value: "):  # not "  value:" (reused by buffers of another colour)
+      value = _VALUE.match(line)
+      if value is None:
+        raise ValueError(f"cannot read the value line {line!r}")
+      if head is not None:
+        values.append((value.group(1), int(value.group(2)), int(value.group(3))))
+    elif line.strip() and not line.startswith(" ") and head is not None:
+      flush()  # the allocations end where the next section starts
+      head = None
+  flush()
+  return tuple(out)
+
+
+def parse_live_ranges(text: str) -> dict[str, tuple[int, int]]:
+  """Value name (with its tuple index, `x{}`) -> (first, last) schedule position, both inclusive,
+  from the `BufferLiveRange:` section of a `*live-range.txt` dump."""
+  ranges, inside = {}, False
+  for line in text.splitlines():
+    if line.strip() == "BufferLiveRange:":
+      inside = True
+    elif inside:
+      found = _RANGE.match(line)
+      if not found:
+        break
+      ranges[found.group(1)] = (int(found.group(2)), int(found.group(3)))
+  return ranges
