@@ -30,6 +30,7 @@ import html
 from donate import _copies_why
 from donate import _errors
 from donate import _hlo
+from donate._text import format_bytes
 
 PASS_THROUGH = frozenset({"copy", "bitcast", "copy-start", "copy-done"})
 COPIES = frozenset({"copy", "copy-start"})
@@ -431,11 +432,11 @@ def format_copies(records: tuple[CopyRecord, ...], threshold: int = 65536) -> li
   if not records:
     return []
   known = [r.bytes_per_call for r in records if r.bytes_per_call is not None]
-  total = f", {_size(sum(known))} copied per call" + (
+  total = f", {format_bytes(sum(known))} copied per call" + (
       " in known trip counts" if len(known) < len(records) else "")
-  lines = [f"copies XLA added ({len(records)} of at least {_size(threshold)}{total}):"]
+  lines = [f"copies XLA added ({len(records)} of at least {format_bytes(threshold)}{total}):"]
   for r in records:
-    lines.append(f"  {r.instruction}: {_size(r.nbytes)} {_array(r)}, {how_often(r)}")
+    lines.append(f"  {r.instruction}: {format_bytes(r.nbytes)} {_array(r)}, {how_often(r)}")
     lines.append(f"    value: {r.value}")
     lines.append(f"    why: {r.reason}")
     if r.lines:
@@ -452,7 +453,7 @@ def copies_html(records: tuple[CopyRecord, ...]) -> str:
   esc = html.escape
   head = "".join(f"<th>{h}</th>" for h in ("copy", "bytes", "runs", "value", "why", "lines", "fix"))
   body = "".join(
-      f"<tr><td><code>{esc(r.instruction)}</code></td><td>{_size(r.nbytes)} "
+      f"<tr><td><code>{esc(r.instruction)}</code></td><td>{format_bytes(r.nbytes)} "
       f"{esc(_array(r))}</td><td>{esc(how_often(r))}</td><td><code>{esc(r.value)}"
       f"</code></td><td>{esc(r.reason)}</td><td>{'<br>'.join(map(esc, r.lines))}</td>"
       f"<td>{esc(r.fix or '-')}</td></tr>" for r in records)
@@ -472,7 +473,7 @@ off to accept the copy.
   """
   return [_errors.message(
       f"{function}: XLA copies a {'loop carry' if r.loops else 'donated buffer'} "
-      f"({_size(r.nbytes)}, {how_often(r)})", path=r.value, expected="no copy", got=r.reason,
+      f"({format_bytes(r.nbytes)}, {how_often(r)})", path=r.value, expected="no copy", got=r.reason,
       fix=r.fix or "change the code at the lines named so that the buffer is not read after it "
       "is updated in place, or leave strict=\"copies\" off to accept the copy")
       for r in records if r.donated]
@@ -482,8 +483,3 @@ def _array(r: CopyRecord) -> str:
   return f"{r.dtype}[{','.join(map(str, r.shape))}]"
 
 
-def _size(n: int) -> str:
-  for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-    if n >= size:
-      return f"{n / size:.1f} {unit}"
-  return f"{n} B"

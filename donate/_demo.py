@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from donate import _jit
 from donate._donation_plan import MemoryStats
+from donate._text import format_bytes
 
 
 def swapped_update(a, b):
@@ -68,13 +69,6 @@ def compare_swapped(n: int = 2**26, steps: int = 10) -> list[Row]:
     rows.append(Row(name, len(donated) * n * 4, memory.alias, memory,
                     _time_steps(fn, make, steps, feed)))
   return rows
-
-
-def format_bytes(n: int) -> str:
-  for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-    if abs(n) >= size:
-      return f"{n / size:.1f} {unit}"
-  return f"{n} B"
 
 
 def table(rows: list[Row], reference: str) -> str:

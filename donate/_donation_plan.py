@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from donate import _copies
 from donate import _errors
+from donate._text import format_bytes
 
 ALIASED, DONOR, KEPT, UNUSABLE, UNUSED = "aliased", "donor", "kept", "unusable", "unused"
 DEVICE, ABSTRACT, HOST = "device", "abstract", "host"
@@ -245,10 +246,10 @@ class DonationPlan:
     lines += _table(self.decisions)
     lines += _wrap([f"note: {n}" for n in self.notes])
     if self.collective_memory_bytes:
-      lines += _wrap([f"symmetric memory: {_bytes(self.collective_memory_bytes)} of marked "
+      lines += _wrap([f"symmetric memory: {format_bytes(self.collective_memory_bytes)} of marked "
                       "buffers (donate.planner.plan_memory packs them into pools)"])
-    lines.append(f"totals: requested {_bytes(self.bytes_requested)}, "
-                 f"reused {_bytes(self.bytes_reused)}")
+    lines.append(f"totals: requested {format_bytes(self.bytes_requested)}, "
+                 f"reused {format_bytes(self.bytes_reused)}")
     if self.memory is not None:
       lines += _wrap([f"compiled: {_memory_text(self.memory)}"])
     lines += _wrap(_copies.format_copies(self.copies, self.copy_threshold), indent="      ")
@@ -266,11 +267,11 @@ class DonationPlan:
     body = "".join(
         f"<tr style='background:{colors.get(d.action, 'transparent')}'>"
         f"<td><code>{esc(d.path)}</code></td><td>{esc(_type(d))}</td>"
-        f"<td>{_bytes(d.nbytes)}</td><td>{esc(d.sharding)}</td>"
+        f"<td>{format_bytes(d.nbytes)}</td><td>{esc(d.sharding)}</td>"
         f"<td>{esc(d.source) if d.requested else '-'}</td>"
         f"<td><b>{d.action}</b></td><td><code>{esc(d.output or '-')}</code></td>"
         f"<td>{esc(d.reason)}</td></tr>" for d in self.decisions)
-    foot = f"<p>requested {_bytes(self.bytes_requested)}, reused {_bytes(self.bytes_reused)}"
+    foot = f"<p>requested {format_bytes(self.bytes_requested)}, reused {format_bytes(self.bytes_reused)}"
     if self.memory is not None:
       foot += f"; compiled: {_memory_text(self.memory)}"
     foot += "</p>" + "".join(f"<p>note: {esc(n)}</p>" for n in self.notes)
@@ -288,13 +289,13 @@ def _not_made(output: str | None, shardings: tuple[str, str] | None) -> str:
 
 
 def _memory_text(m: MemoryStats) -> str:
-  return (f"arguments {_bytes(m.argument)}, outputs {_bytes(m.output)}, aliased "
-          f"{_bytes(m.alias)}, temporaries {_bytes(m.temp)}, peak {_bytes(m.peak)}")
+  return (f"arguments {format_bytes(m.argument)}, outputs {format_bytes(m.output)}, aliased "
+          f"{format_bytes(m.alias)}, temporaries {format_bytes(m.temp)}, peak {format_bytes(m.peak)}")
 
 
 def _table(decisions: Sequence[LeafDecision]) -> list[str]:
   """Fixed columns first (action, bytes, type, sharding), then `input -> output`, then the reason."""
-  rows = [(d.action, _bytes(d.nbytes), _type(d), d.sharding,
+  rows = [(d.action, format_bytes(d.nbytes), _type(d), d.sharding,
            d.path + (f" -> {d.output}" if d.output else ""), d) for d in decisions]
   head = ("action", "bytes", "type", "sharding", "input -> output")
   widths = [max([len(head[k])] + [len(r[k]) for r in rows]) for k in range(4)]
@@ -325,13 +326,6 @@ def _type(d) -> str:
 
 def shape_text(shape) -> str:
   return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _bytes(n: int) -> str:
-  for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-    if n >= size:
-      return f"{n / size:.1f} {unit}"
-  return f"{n} B"
 
 
 def sharding_text(sharding) -> str:
