@@ -52,7 +52,9 @@ def raise_sites():
   """(file, function) of every `raise ...DonationError(...)` in the package."""
   sites = set()
   pkg = os.path.join(ROOT, "donate")
-  for name in sorted(os.listdir(pkg)):
+  names = sorted(os.path.relpath(os.path.join(d, f), pkg) for d, _, files in os.walk(pkg)
+                 for f in files)
+  for name in names:
     if not name.endswith(".py"):
       continue
     tree = ast.parse(open(os.path.join(pkg, name), encoding="utf-8").read())

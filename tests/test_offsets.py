@@ -1,4 +1,4 @@
-"""Tests for offset assignment (``donate._offsets.assign_offsets``).
+"""Tests for offset assignment (``donate._planner.offsets.assign_offsets``).
 
 Every answer is checked by validators written here, independently of the engine: no two buffers
 that are live at the same time share a byte, offsets are aligned, and the reported height and
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from donate._errors import DonationError
-from donate._offsets import OffsetAssignment, assign_offsets
+from donate._planner.offsets import OffsetAssignment, assign_offsets
 
 BENCH = Path(__file__).resolve().parents[2] / "shared" / "planner-bench" / "minimalloc"
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,7 +302,7 @@ import resource, sys
 import numpy as np
 sys.path.insert(0, {tests!r})
 from test_offsets import synthetic, sweep_check
-from donate._offsets import assign_offsets
+from donate._planner.offsets import assign_offsets
 with open("/proc/self/status") as f:
     vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from donate._offsets_sweep import INF, components, distinct, section_totals
+from donate._planner.sweep import INF, components, distinct, section_totals
 
 # Static preorders tried round robin (MiniMalloc's defaults): W = longer lifetime first,
 # A = larger area (size x lifetime) first, T = larger fullest-section total first,

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from donate import _errors
-from donate._liveness import Liveness, Value
-from donate._offsets import assign_offsets
+from donate._planner.liveness import Liveness, Value
+from donate._planner.offsets import assign_offsets
 
 ROLES = ("input", "donated input", "regular", "output", "comm")
 ARENA = "arena"

@@ -8,11 +8,11 @@ lower bound is the largest total size live at one moment.
 Sizes are rounded up to the alignment and divided by their common factor (which loses nothing: an
 optimal packing can always be pushed down until every offset is a sum of sizes). Then:
 
-1. Sweep (`_offsets_sweep`): time compressed into sections, O(n log n), linear memory.
-2. Greedy (`_offsets_greedy`): a bottom-up skyline packing under several buffer orders, and best
+1. Sweep (`sweep`): time compressed into sections, O(n log n), linear memory.
+2. Greedy (`greedy`): a bottom-up skyline packing under several buffer orders, and best
    fit (as XLA's and TFLite's heap simulators) where the instance is small enough. The first one
    is the first answer; the best one is where the search starts.
-3. Search (`_offsets_search`): without a capacity, bisection on the height between the lower
+3. Search (`search`): without a capacity, bisection on the height between the lower
    bound and the best height found; each probe asks the MiniMalloc-style search to fit a
    capacity, with a node budget that grows by rounds. Instances too large to search whole are
    improved a *band* at a time: the buffers above some offset are re-packed, under the probe's
@@ -31,9 +31,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from donate import _offsets_greedy as greedy
-from donate import _offsets_search as search
-from donate import _offsets_sweep as sweep
+from donate._planner import greedy
+from donate._planner import search
+from donate._planner import sweep
 from donate._errors import DonationError, message
 
 __all__ = ["OffsetAssignment", "assign_offsets"]

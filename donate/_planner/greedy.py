@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from donate._offsets_sweep import INF, Instance, range_max, stack
+from donate._planner.sweep import INF, Instance, range_max, stack
 
 # Preorders: keys sorted descending, buffer index last. "area" = size x lifetime, "peak" = the
 # largest total live in the buffer's sections (MiniMalloc's "T"), "life" = lifetime in time steps.
