@@ -24,14 +24,14 @@ import jax
 from donate import _errors
 from donate._planner import liveness
 from donate._planner import memplan
-from donate._planner.memplan import Allocation as Allocation
-from donate._planner.memplan import Buffer as Buffer
-from donate._planner.memplan import Copy as Copy
-from donate._planner.memplan import LiveRange as LiveRange
-from donate._planner.memplan import MemoryPlan as MemoryPlan
-from donate._planner.memplan import Pool as Pool
+from donate._planner.memory_plan import MemoryPlan as MemoryPlan
 from donate._planner.offsets import OffsetAssignment as OffsetAssignment
 from donate._planner.offsets import assign_offsets as assign_offsets
+from donate._planner.records import Allocation as Allocation
+from donate._planner.records import Buffer as Buffer
+from donate._planner.records import Copy as Copy
+from donate._planner.records import LiveRange as LiveRange
+from donate._planner.records import Pool as Pool
 
 __all__ = ["Allocation", "Buffer", "Copy", "LiveRange", "MemoryPlan", "OffsetAssignment", "Pool",
            "assign_offsets", "plan_memory"]

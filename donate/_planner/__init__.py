@@ -3,9 +3,12 @@
 Layers, each importing only the ones below it:
 
 - `liveness`: walks a jaxpr (and its sub-jaxprs) into values with live ranges;
-- `memplan`: the planning passes that turn them into pools of buffers with offsets;
+- `memplan`: the planning passes that turn them into pools of buffers with offsets, as
+  `records` (`LiveRange`, `Buffer`, `Allocation`, `Pool`, `Copy`) in a `memory_plan.MemoryPlan`,
+  which also holds the plan's views (listing, HTML, plot);
 - `offsets`: `assign_offsets`, the offset engine under every pool, on top of `sweep` (time in
-  sections), `greedy` (fast packings) and `search` (a MiniMalloc-style search).
+  sections), `greedy` (fast packings) and `search` (a MiniMalloc-style search);
+- `text`: how sizes and counts are written, for all of them.
 
 The user API is `donate.planner`; nothing here is public.
 """

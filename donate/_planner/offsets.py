@@ -31,10 +31,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from donate._errors import DonationError, message
 from donate._planner import greedy
 from donate._planner import search
 from donate._planner import sweep
-from donate._errors import DonationError, message
+from donate._planner.text import size_text
 
 __all__ = ["OffsetAssignment", "assign_offsets"]
 
@@ -90,9 +91,9 @@ class OffsetAssignment:
   def __str__(self) -> str:
     greedy_ratio = self.greedy_height / self.lower_bound if self.lower_bound else 1.0
     status = "optimal" if self.optimal else "not proven optimal"
-    text = (f"OffsetAssignment: {len(self.offsets)} buffers, height {self.height} bytes "
-            f"(lower bound {self.lower_bound}, {self.ratio:.3f}x; greedy {self.greedy_height}, "
-            f"{greedy_ratio:.3f}x), {status}")
+    bound = size_text(self.height, self.lower_bound,
+                      f"{self.ratio:.3f}x; greedy {self.greedy_height}, {greedy_ratio:.3f}x")
+    text = f"OffsetAssignment: {len(self.offsets)} buffers, height {bound}, {status}"
     if self.capacity is not None:
       text += f", {'fits' if self.fits else 'does not fit'} capacity {self.capacity}"
     return text + f", {self.method}, {self.seconds:.2f} s"
