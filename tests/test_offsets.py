@@ -94,6 +94,12 @@ def brute_force_height(sizes, starts, ends) -> int:
 
 
 def best_fit_height(sizes, starts, ends) -> int:
+  """The height of `best_fit_offsets`."""
+  offsets = best_fit_offsets(sizes, starts, ends)
+  return max((offsets[i] + sizes[i] for i in offsets if sizes[i]), default=0)
+
+
+def best_fit_offsets(sizes, starts, ends) -> dict[int, int]:
   """XLA's and TFLite's heap-simulator greedy, written here: largest first (then longest lived),
   each at the start of the smallest gap among placed buffers it meets in time, else on top."""
   order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], -(ends[i] - starts[i]), i))
@@ -107,7 +113,7 @@ def best_fit_height(sizes, starts, ends) -> int:
         best, best_gap = floor, low - floor
       floor = max(floor, top)
     offsets[i] = floor if best is None else best
-  return max((offsets[i] + sizes[i] for i in offsets if sizes[i]), default=0)
+  return offsets
 
 
 def load(path: Path):
