@@ -39,7 +39,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from donate._offsets import assign_offsets  # noqa: E402  (after the path tweak)
+from donate._planner.offsets import assign_offsets  # noqa: E402  (after the path tweak)
 
 CAPACITY = 1048576
 FILES = tuple("ABCDEFGHIJK")

@@ -22,16 +22,16 @@ from typing import Any
 import jax
 
 from donate import _errors
-from donate import _liveness
-from donate import _memplan
-from donate._memplan import Allocation as Allocation
-from donate._memplan import Buffer as Buffer
-from donate._memplan import Copy as Copy
-from donate._memplan import LiveRange as LiveRange
-from donate._memplan import MemoryPlan as MemoryPlan
-from donate._memplan import Pool as Pool
-from donate._offsets import OffsetAssignment as OffsetAssignment
-from donate._offsets import assign_offsets as assign_offsets
+from donate._planner import liveness
+from donate._planner import memplan
+from donate._planner.memory_plan import MemoryPlan as MemoryPlan
+from donate._planner.offsets import OffsetAssignment as OffsetAssignment
+from donate._planner.offsets import assign_offsets as assign_offsets
+from donate._planner.records import Allocation as Allocation
+from donate._planner.records import Buffer as Buffer
+from donate._planner.records import Copy as Copy
+from donate._planner.records import LiveRange as LiveRange
+from donate._planner.records import Pool as Pool
 
 __all__ = ["Allocation", "Buffer", "Copy", "LiveRange", "MemoryPlan", "OffsetAssignment", "Pool",
            "assign_offsets", "plan_memory"]
@@ -84,8 +84,8 @@ def plan_memory(fun: Callable[..., Any], *args: Any, strict: bool = False, align
   """
   closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args, **kwargs)
   closed, comm = _comm_buffers(closed)
-  lv = _liveness.live_ranges(closed)
-  return _memplan.plan(
+  lv = liveness.live_ranges(closed)
+  return memplan.plan(
       lv, name=getattr(fun, "__name__", type(fun).__name__),
       arg_names=_arg_names(fun, args, kwargs),
       out_names=_out_names(out_shape), donated=_donated_leaves(args, kwargs, donate_argnums),
@@ -146,7 +146,7 @@ def _comm_buffers(closed):
   return closed, _symm.comm_buffers(closed)
 
 
-def _comm_values(comm_buffers, lv: _liveness.Liveness) -> dict[int, tuple[str, tuple[str, ...]]]:
+def _comm_values(comm_buffers, lv: liveness.Liveness) -> dict[int, tuple[str, tuple[str, ...]]]:
   """Value id -> (kind, group) for every value that must live in a comm-buffer pool."""
   comm: dict[int, tuple[str, tuple[str, ...]]] = {}
   for cb in comm_buffers:

@@ -1,4 +1,4 @@
-"""Tests for offset assignment (``donate._offsets.assign_offsets``).
+"""Tests for offset assignment (``donate._planner.offsets.assign_offsets``).
 
 Every answer is checked by validators written here, independently of the engine: no two buffers
 that are live at the same time share a byte, offsets are aligned, and the reported height and
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from donate._errors import DonationError
-from donate._offsets import OffsetAssignment, assign_offsets
+from donate._planner.offsets import OffsetAssignment, assign_offsets
 
 BENCH = Path(__file__).resolve().parents[2] / "shared" / "planner-bench" / "minimalloc"
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +94,12 @@ def brute_force_height(sizes, starts, ends) -> int:
 
 
 def best_fit_height(sizes, starts, ends) -> int:
+  """The height of `best_fit_offsets`."""
+  offsets = best_fit_offsets(sizes, starts, ends)
+  return max((offsets[i] + sizes[i] for i in offsets if sizes[i]), default=0)
+
+
+def best_fit_offsets(sizes, starts, ends) -> dict[int, int]:
   """XLA's and TFLite's heap-simulator greedy, written here: largest first (then longest lived),
   each at the start of the smallest gap among placed buffers it meets in time, else on top."""
   order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], -(ends[i] - starts[i]), i))
@@ -107,7 +113,7 @@ def best_fit_height(sizes, starts, ends) -> int:
         best, best_gap = floor, low - floor
       floor = max(floor, top)
     offsets[i] = floor if best is None else best
-  return max((offsets[i] + sizes[i] for i in offsets if sizes[i]), default=0)
+  return offsets
 
 
 def load(path: Path):
@@ -302,7 +308,7 @@ import resource, sys
 import numpy as np
 sys.path.insert(0, {tests!r})
 from test_offsets import synthetic, sweep_check
-from donate._offsets import assign_offsets
+from donate._planner.offsets import assign_offsets
 with open("/proc/self/status") as f:
     vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))

@@ -31,16 +31,6 @@ USER_API = {"donate", "donate.transforms", "donate.symm", "donate.planner", "don
 # Code written as a user would write it (the demo's and the tests' workloads): above the API.
 CLIENTS = {"donate._examples", "donate._demo"}
 MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 500, 200, 80
-# Over the limits today and being split up (issue 12). A new offender fails
-# test_no_new_oversized_code; when none is left, test_nothing_is_oversized passes, which its strict
-# xfail turns into a failure: then empty this set and drop the mark.
-KNOWN_OVERSIZED = {
-    "donate/_memplan.py",
-    "donate/_offsets_greedy.py::skyline",
-    "donate/_offsets_search.py::_Dfs",
-    "donate/_offsets_search.py::_Dfs.session",
-    "donate/_offsets_search.py::_Dfs.session.visit",
-}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -168,16 +158,10 @@ def test_internal_modules_never_import_the_user_api():
   assert not upward, "imports that point up from the internals to the user API:\n" + "\n".join(upward)
 
 
-def test_no_new_oversized_code():
-  new = {k: v for k, v in oversized().items() if k not in KNOWN_OVERSIZED}
-  assert not new, (f"over the limits (module {MODULE_LINES}, class {CLASS_LINES}, function "
-                   f"{FUNCTION_LINES} lines): " + ", ".join(f"{k} ({v})" for k, v in sorted(new.items())))
-
-
-@pytest.mark.xfail(strict=True, reason="KNOWN_OVERSIZED is not empty yet; when this passes, empty "
-                   "it and drop this mark")
 def test_nothing_is_oversized():
-  assert not oversized()
+  found = oversized()
+  assert not found, (f"over the limits (module {MODULE_LINES}, class {CLASS_LINES}, function "
+                     f"{FUNCTION_LINES} lines): " + ", ".join(f"{k} ({v})" for k, v in sorted(found.items())))
 
 
 def _notebook_tool():

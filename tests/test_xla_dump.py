@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from donate._offsets import assign_offsets
+from donate._planner.offsets import assign_offsets
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from donate._offsets_sweep import INF, Instance, range_max, stack
+from donate._planner.sweep import INF, Instance, range_max, stack
 
 # Preorders: keys sorted descending, buffer index last. "area" = size x lifetime, "peak" = the
 # largest total live in the buffer's sections (MiniMalloc's "T"), "life" = lifetime in time steps.
@@ -55,103 +55,129 @@ def skyline(inst: Instance, order: np.ndarray, deadline: float, *, finish: bool)
   Returns int64 offsets for every buffer and how many buffers were stacked: if ``deadline``
   passes first, with ``finish`` the buffers not yet placed are stacked above the rest (valid,
   loose); without it, returns ``None``.
-
-  The skyline is a doubly linked list of maximal runs of sections at one height (run ``r``
-  covers sections ``[start[r], end[r])``); valleys wait in a heap by height and are checked when
-  popped, since a run may have changed since it was pushed. This loop is the hot path of the
-  first answer, hence one long function over flat lists.
   """
   offsets = np.zeros(len(inst.sizes), np.int64)
   if len(order) == 0:
     return offsets, 0
   pending = _Candidates(inst, order)
   size_of, a_of, b_of = inst.sizes.tolist(), inst.a.tolist(), inst.b.tolist()
-  start, end, height, prev, nxt, alive = [0], [inst.num_sections], [0], [-1], [-1], [True]
-  heap = [(0, 0)]
-  pop, push = heapq.heappop, heapq.heappush
+  sky = _Skyline(inst.num_sections)
   out, steps = [0] * len(inst.sizes), 0
-
-  def new_run(x, y, h, p, q):
-    r = len(start)
-    start.append(x)
-    end.append(y)
-    height.append(h)
-    prev.append(p)
-    nxt.append(q)
-    alive.append(True)
-    if p >= 0:
-      nxt[p] = r
-    if q >= 0:
-      prev[q] = r
-    return r
-
-  def absorb(v, u, back, fwd):
-    """Run ``u``, the neighbour of run ``v`` through ``back``, joins ``v``."""
-    alive[u] = False
-    w = back[v] = back[u]
-    if w >= 0:
-      fwd[w] = v
-    return w
-
-  def merge(v, h):
-    """Absorbs the neighbours of run ``v`` (at height ``h``) that have its height."""
-    p, q = prev[v], nxt[v]
-    if p >= 0 and height[p] == h:
-      start[v] = start[p]
-      p = absorb(v, p, prev, nxt)
-    if q >= 0 and height[q] == h:
-      end[v] = end[q]
-      q = absorb(v, q, nxt, prev)
-    return p, q
-
-  def push_valley(r):
-    h, p, q = height[r], prev[r], nxt[r]
-    if (p < 0 or height[p] > h) and (q < 0 or height[q] > h):
-      push(heap, (h, r))
-
-  while heap and pending.left:
-    h, v = pop(heap)
+  while sky.heap and pending.left:
+    h, v = heapq.heappop(sky.heap)
     level = [v]  # valleys at the lowest height h: handled at once, without the heap
     while level:
       v = level.pop()
-      if not alive[v] or height[v] != h:
-        continue
-      p, q = prev[v], nxt[v]
-      if (p >= 0 and height[p] <= h) or (q >= 0 and height[q] <= h):
+      if not sky.is_valley(v, h):
         continue
       steps += 1
       if not steps & 2047 and time.perf_counter() > deadline:
         if not finish:
           return None
-        heap = level = []
+        sky.heap.clear()
         break
-      x, y = start[v], end[v]
-      i = pending.take(x, y)
+      i = pending.take(sky.start[v], sky.end[v])
       if i < 0:  # nothing fits: raise the valley to its lower neighbour
-        top = min(height[p] if p >= 0 else INF, height[q] if q >= 0 else INF)
-        if top < INF:
-          height[v] = top
-          merge(v, top)
-          push_valley(v)
+        sky.raise_valley(v)
         continue
       out[i] = h
-      a, b, top = a_of[i], b_of[i], h + size_of[i]
-      if a > x:
-        level.append(new_run(x, a, h, p, v))
-        start[v] = a
-      if b < y:
-        level.append(new_run(b, y, h, v, q))
-        end[v] = b
-      height[v] = top
-      p, q = merge(v, top)
-      push_valley(v)
-      if p >= 0:
-        push_valley(p)
-      if q >= 0:
-        push_valley(q)
+      sky.fill(v, a_of[i], b_of[i], h + size_of[i], level)
   offsets[:] = out
   stack(inst, offsets, pending.remaining())
   return offsets, pending.left
+
+
+class _Skyline:
+  """The top of the placed buffers over the sections, and its valleys.
+
+  A doubly linked list of maximal runs of sections at one height (run ``r`` covers sections
+  ``[start[r], end[r])``), in flat lists indexed by run. A *valley* is a run lower than both its
+  neighbours; valleys wait in ``heap`` by height and are checked when popped, since a run may
+  have changed since it was pushed.
+  """
+
+  __slots__ = ("start", "end", "height", "prev", "nxt", "alive", "heap")
+
+  def __init__(self, sections: int):
+    self.start, self.end, self.height = [0], [sections], [0]
+    self.prev, self.nxt, self.alive = [-1], [-1], [True]
+    self.heap = [(0, 0)]
+
+  def is_valley(self, v: int, h: int) -> bool:
+    """Whether run ``v`` is still there, at height ``h``, lower than both its neighbours."""
+    height = self.height
+    if not self.alive[v] or height[v] != h:
+      return False
+    p, q = self.prev[v], self.nxt[v]
+    return not ((p >= 0 and height[p] <= h) or (q >= 0 and height[q] <= h))
+
+  def fill(self, v: int, a: int, b: int, top: int, level: list[int]) -> None:
+    """Puts a buffer spanning sections ``[a, b)`` into valley ``v``, which rises to ``top``.
+
+    The parts of the valley beside the buffer become runs of their own at the old height:
+    valleys still, appended to ``level``.
+    """
+    x, y, h, p, q = self.start[v], self.end[v], self.height[v], self.prev[v], self.nxt[v]
+    if a > x:
+      level.append(self._new_run(x, a, h, p, v))
+      self.start[v] = a
+    if b < y:
+      level.append(self._new_run(b, y, h, v, q))
+      self.end[v] = b
+    self.height[v] = top
+    p, q = self._merge(v, top)
+    self._push_valley(v)
+    if p >= 0:
+      self._push_valley(p)
+    if q >= 0:
+      self._push_valley(q)
+
+  def raise_valley(self, v: int) -> None:
+    """Raises valley ``v`` to its lower neighbour (nothing left fits in it)."""
+    height, p, q = self.height, self.prev[v], self.nxt[v]
+    top = min(height[p] if p >= 0 else INF, height[q] if q >= 0 else INF)
+    if top < INF:
+      height[v] = top
+      self._merge(v, top)
+      self._push_valley(v)
+
+  def _new_run(self, x: int, y: int, h: int, p: int, q: int) -> int:
+    r = len(self.start)
+    self.start.append(x)
+    self.end.append(y)
+    self.height.append(h)
+    self.prev.append(p)
+    self.nxt.append(q)
+    self.alive.append(True)
+    if p >= 0:
+      self.nxt[p] = r
+    if q >= 0:
+      self.prev[q] = r
+    return r
+
+  def _absorb(self, v: int, u: int, back: list[int], fwd: list[int]) -> int:
+    """Run ``u``, the neighbour of run ``v`` through ``back``, joins ``v``."""
+    self.alive[u] = False
+    w = back[v] = back[u]
+    if w >= 0:
+      fwd[w] = v
+    return w
+
+  def _merge(self, v: int, h: int) -> tuple[int, int]:
+    """Absorbs the neighbours of run ``v`` (at height ``h``) that have its height."""
+    p, q = self.prev[v], self.nxt[v]
+    if p >= 0 and self.height[p] == h:
+      self.start[v] = self.start[p]
+      p = self._absorb(v, p, self.prev, self.nxt)
+    if q >= 0 and self.height[q] == h:
+      self.end[v] = self.end[q]
+      q = self._absorb(v, q, self.nxt, self.prev)
+    return p, q
+
+  def _push_valley(self, r: int) -> None:
+    h, p, q = self.height[r], self.prev[r], self.nxt[r]
+    if (p < 0 or self.height[p] > h) and (q < 0 or self.height[q] > h):
+      heapq.heappush(self.heap, (h, r))
 
 
 class _Candidates:

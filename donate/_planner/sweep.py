@@ -96,11 +96,6 @@ def range_max(values: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
   return out
 
 
-def heights(offsets: np.ndarray, sizes: np.ndarray, groups: list[np.ndarray]) -> list[int]:
-  """The height of each group of buffers (0 for an empty group)."""
-  return [int((offsets[g] + sizes[g]).max(initial=0)) for g in groups]
-
-
 def stack(inst: Instance, offsets: np.ndarray, todo: np.ndarray) -> None:
   """Places the buffers ``todo`` above everything else, in place: the answer of last resort.
 

@@ -1,0 +1,212 @@
+"""Offset assignment, the driver: the packing of one instance as it improves.
+
+Greedy orders first (`greedy`): the first answer, then others while they are cheap enough. Then
+the search (`search`): in capacity mode one long probe at the capacity; otherwise bisection on the
+height between the lower bound and the best height found, each probe asking the search to fit a
+capacity, with a node budget that grows by rounds. Instances too large to search whole are
+improved a *band* at a time: the buffers above some offset are re-packed, under the probe's
+capacity, on the floor that the buffers below them leave.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from donate._planner import greedy
+from donate._planner import search
+from donate._planner import sweep
+
+_PORTFOLIO_SHARE = 0.4  # of the time limit, at most, for greedy orders after the first
+_BAND_START = 256  # buffers in the first band re-packed on a large instance
+_PROBES_PER_ROUND = 3  # bisection probes per round
+_LOWER_BOUND_SHARE = 8  # the probe at the lower bound gets this many times their node budget
+_SECONDS_PER_CELL = 1e-6  # roughly, to set a search up, per (buffer, section) cell or pair
+
+
+class Packing:
+  """The packing of one instance as it improves: greedy orders first, then the search."""
+
+  def __init__(self, inst: sweep.Instance, cap: int | None, t0: float, deadline: float):
+    self.inst, self.cap, self.t0, self.deadline = inst, cap, t0, deadline
+    self.offsets = np.zeros(len(inst.sizes), np.int64)
+    self.height = math.inf
+    self.greedy_height = 0
+    self.first_seconds = 0.0
+    self.proven = False
+    self.method = "greedy"
+    self._whole = None  # searches over the parts of the whole instance, built once
+
+  def done(self) -> bool:
+    target = self.inst.lower_bound if self.cap is None else max(self.cap, self.inst.lower_bound)
+    return self.height <= target or self.proven
+
+  def _max_top(self, offsets: np.ndarray) -> int:
+    live = self.inst.live
+    return int((offsets[live] + self.inst.sizes[live]).max())
+
+  def _offer(self, offsets) -> None:
+    if offsets is not None and self._max_top(offsets) < self.height:
+      self.offsets, self.height = offsets, self._max_top(offsets)
+
+  def greedy(self) -> None:
+    """The first answer (always complete), then other orders while they are cheap enough."""
+    keys = greedy.keys(self.inst)
+    early = len(self.inst.live) <= greedy.ALWAYS_BEST_FIT
+    self._first_answer(keys, early)
+    self.first_seconds = time.perf_counter() - self.t0
+    stop = min(self.deadline, self.t0 + _PORTFOLIO_SHARE * (self.deadline - self.t0))
+    stop = max(stop, self.t0 + 2 * self.first_seconds)  # small instances try every order
+    self._other_orders(keys, early, min(stop, self.deadline))
+    self.greedy_height = self.height
+
+  def _first_answer(self, keys, early: bool) -> None:
+    """The skyline in the first order, finished by stacking if the deadline comes first; on a
+    small instance also best fit by size (then the first answer is never worse than XLA's)."""
+    inst, live = self.inst, self.inst.live
+    order = greedy.preorder(keys, greedy.SKYLINE_ORDERS[0], live)
+    first, stacked = greedy.skyline(inst, order, self.deadline, finish=True)
+    if stacked:
+      self.method = "stacked"
+    self._offer(first)
+    if early:
+      order = greedy.preorder(keys, greedy.BEST_FIT_ORDERS[0], live)
+      self._offer(greedy.best_fit(inst, order, math.inf))
+
+  def _other_orders(self, keys, early: bool, stop: float) -> None:
+    """The other skyline orders, then best fit where the instance is small enough, until
+    ``stop`` or until nothing better can be found."""
+    inst, live = self.inst, self.inst.live
+    runs = [("skyline", names) for names in greedy.SKYLINE_ORDERS[1:]]
+    if len(live) <= greedy.BEST_FIT_MAX_BUFFERS:
+      runs += [("best fit", names) for names in greedy.BEST_FIT_ORDERS]
+    for kind, names in runs:
+      if self.done() or time.perf_counter() > stop:
+        break
+      if early and names == greedy.BEST_FIT_ORDERS[0]:
+        continue  # already part of the first answer
+      order = greedy.preorder(keys, names, live)
+      if kind == "skyline":
+        self._offer((greedy.skyline(inst, order, stop, finish=False) or (None,))[0])
+      else:
+        self._offer(greedy.best_fit(inst, order, stop))
+
+  def improve(self) -> None:
+    """Capacity mode: one long probe at the capacity. Otherwise rounds of probes, each round
+    with four times the node budget of the last: first the lower bound (tight capacities prune
+    best, so it is often the quickest to fit), then bisection between it and the best height.
+    Stops early when a round neither improved nor ran out of budget anywhere."""
+    if self.cap is not None:
+      if self.cap >= self.inst.lower_bound:
+        self._probe(self.cap, None)
+      return
+    low = self.inst.lower_bound
+    budget = 4 * min(len(self.inst.live), search.MAX_BUFFERS)
+    while low < self.height and time.perf_counter() < self.deadline:
+      statuses = [self._probe(low, _LOWER_BOUND_SHARE * budget)]
+      if statuses[0] == "proof":
+        low += 1
+        continue
+      soft_low = low + 1
+      for _ in range(_PROBES_PER_ROUND):
+        if soft_low >= self.height or time.perf_counter() > self.deadline:
+          break
+        target = (soft_low + self.height) // 2
+        statuses.append(self._probe(target, budget))
+        if statuses[-1] == "proof":
+          low = target + 1
+        if statuses[-1] != "ok":
+          soft_low = target + 1
+      if "ok" not in statuses and "aborted" not in statuses:
+        break  # nothing a larger budget could change
+      budget *= 4
+    self.proven = low >= self.height
+
+  def _probe(self, target: int, node_limit: int | None) -> str:
+    """Tries to fit everything under ``target``, one independent part at a time.
+
+    Returns "ok", "proof" (impossible), "aborted" (out of nodes or time) or "stuck" (not with
+    this method, whatever the budget). Parts small enough are searched whole, so an exhausted
+    search is a proof. Larger ones re-pack the band of their buffers above some offset, on the
+    floor the buffers below it leave; when the search shows that a band cannot fit on its
+    floor, a band twice as large is tried.
+    """
+    if time.perf_counter() >= self.deadline:
+      return "aborted"
+    self.method = "greedy+search"
+    if self._whole is None:
+      inst = self.inst
+      whole = search.parts(inst.sizes, inst.starts, inst.ends, inst.live,
+                           np.zeros(len(inst.live), np.int64))
+      self._whole = [[p, None] for p in whole]
+    proof = True
+    for entry in self._whole:
+      part = entry[0]
+      if self._part_height(part) <= target:
+        continue
+      if part.searchable:
+        entry[1] = entry[1] or search.Search(part)
+        status = self._fit([(part, entry[1])], target, node_limit)
+      else:
+        proof, status = False, self._fit_bands(part.ids, target, node_limit)
+      if status == "infeasible" and proof:
+        return "proof"
+      if status != "ok":
+        return "stuck" if status == "infeasible" else status
+    return "ok" if self.height <= target else "stuck"
+
+  def _part_height(self, part: search.Part) -> int:
+    return int((self.offsets[part.ids] + self.inst.sizes[part.ids]).max())
+
+  def _fit_bands(self, ids: np.ndarray, target: int, node_limit: int | None) -> str:
+    count = _BAND_START
+    while True:
+      band = self._band(ids, target, count)
+      if band is None:
+        return "stuck"
+      status = self._fit([(p, None) for p in band], target, node_limit)
+      if status != "infeasible":
+        return status
+      count *= 2
+
+  def _fit(self, parts, target: int, node_limit: int | None) -> str:
+    """Searches every part above ``target``: "ok", "infeasible", "aborted" or "stuck" (a part
+    too large to search); keeps what fits."""
+    offsets = self.offsets.copy()
+    for part, solver in parts:
+      if max(o + z for o, z in zip(offsets[part.ids].tolist(), part.size)) <= target:
+        continue
+      if not part.searchable:
+        return "stuck"
+      if solver is None and part.cells * _SECONDS_PER_CELL > self.deadline - time.perf_counter():
+        return "aborted"  # no time left to set its search up
+      result = (solver or search.Search(part)).solve(target, node_limit, self.deadline)
+      if isinstance(result, str):
+        return result
+      offsets[part.ids] = result
+    # Each part now lies under target (below the height), so this is never worse.
+    self.offsets, self.height = offsets, self._max_top(offsets)
+    return "ok"
+
+  def _band(self, ids: np.ndarray, target: int, count: int):
+    """The parts of the band of at least ``count`` of the buffers ``ids``, including every one
+    that reaches above ``target``, each with its floor; ``None`` if too large to search."""
+    inst = self.inst
+    offsets = self.offsets[ids]
+    tops = offsets + inst.sizes[ids]
+    ranked = np.sort(offsets)[::-1]
+    highest = int(offsets[tops > target].min())
+    count = max(count, int(np.searchsorted(-ranked, -highest, side="right")))
+    if count > search.MAX_BUFFERS or count > 2 * len(ids):
+      return None
+    level = int(ranked[min(count, len(ranked)) - 1])
+    band = ids[offsets >= level]
+    crossing = ids[(offsets < level) & (tops > level)]
+    floor = np.full(inst.num_sections, level, np.int64)
+    # At most one buffer crosses ``level`` in each section, so these cells are distinct.
+    cells, owner = sweep.cells(inst.a[crossing], inst.b[crossing])
+    floor[cells] = self.offsets[crossing][owner] + inst.sizes[crossing][owner]
+    lowest = sweep.range_max(floor, inst.a[band], inst.b[band])
+    return search.parts(inst.sizes, inst.starts, inst.ends, band, lowest)
