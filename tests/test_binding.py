@@ -1,0 +1,61 @@
+"""Unit tests of donate._binding: arguments split into leaves, paths and donation exactly as jax.jit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from donate import _binding
+from donate import _donation_plan as dp
+
+
+def binding(fun, **jit_kwargs):
+  return _binding.Binding(fun, jax.jit(fun, **jit_kwargs))
+
+
+def step(params, batch, lr, *, mode="sgd", extra=None):
+  return params
+
+
+def test_static_arguments_leave_the_leaves_and_enter_the_key():
+  b = binding(step, static_argnums=2, static_argnames="mode", donate_argnums=0)
+  params, batch = {"w": jnp.ones(2), "b": jnp.zeros(2)}, jnp.ones(3)
+  c1 = b.bind((params, batch, 0.1), {"mode": "adam"})
+  c2 = b.bind((params, batch, 0.2), {"mode": "adam"})
+  assert len(c1.leaves) == 3 and c1.positions == (0, 1)
+  assert c1.key != c2.key  # another static value: another signature
+  assert b.paths(c1) == ["params['b']", "params['w']", "batch"]
+  assert b.donated_leaves(c1) == {0: "donate_argnums", 1: "donate_argnums"}
+
+
+def test_keyword_arguments_are_named_and_donated_by_name():
+  b = binding(step, donate_argnames=("params", "extra"))
+  params = {"w": jnp.ones(2)}
+  call = b.bind((), {"params": params, "batch": 1.0, "lr": 0.1, "extra": [jnp.ones(1)]})
+  assert b.paths(call) == ["batch", "extra[0]", "lr", "params['w']"]
+  assert b.donated_leaves(call) == {1: "donate_argnames", 3: "donate_argnames"}
+
+
+def test_negative_static_argnums_and_rebuild_keep_the_static_values():
+  b = binding(step, static_argnums=-1)
+  args = ({"w": jnp.ones(2)}, jnp.ones(3), 0.5)
+  call = b.bind(args, {})
+  assert call.positions == (0, 1)
+  new_args, new_kwargs = b.rebuild(call, args, {}, [jnp.zeros(2), jnp.zeros(3)])
+  assert new_args[2] == 0.5 and new_args[0]["w"].tolist() == [0.0, 0.0] and new_kwargs == {}
+
+
+def test_leaf_info_tells_device_abstract_and_host_leaves_apart():
+  device = _binding.leaf_info("a", jnp.ones((2, 3)))
+  abstract = _binding.leaf_info("b", jax.ShapeDtypeStruct((2, 3), jnp.float32))
+  host = _binding.leaf_info("c", np.ones(3))
+  scalar = _binding.leaf_info("d", 1.5)
+  assert (device.kind, abstract.kind, host.kind, scalar.kind) == (dp.DEVICE, dp.ABSTRACT, dp.HOST,
+                                                                  dp.HOST)
+  assert device.nbytes == abstract.nbytes == 24 and device.sharding == "cpu:0"
+  assert host.type_name == "ndarray" and not host.is_array
+
+
+def test_meta_key_separates_what_a_plan_depends_on():
+  a, b = jnp.ones(4), jnp.ones(4)
+  assert _binding.meta_key(a) == _binding.meta_key(b)
+  assert _binding.meta_key(a) != _binding.meta_key(np.ones(4))

@@ -1,0 +1,81 @@
+"""Unit tests of donate._signature (one signature: plan, how it runs, lower, compile) and
+donate._compiled (the compiled program read back into the plan)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from donate import _binding
+from donate import _compiled
+from donate import _gate
+from donate import _options
+from donate import _signature
+from donate._errors import DonationRuntimeError
+
+
+def function(fun, **kwargs):
+  options = _options.Options(**kwargs)
+  gated = _gate.gated_for(fun)
+  argnums = dict(donate_argnums=options.donate_argnums, donate_argnames=options.donate_argnames)
+  jitted = jax.jit(gated, **argnums, **options.jit_kwargs)
+  return _signature.Function(fun, fun.__name__, jitted, gated.gate,
+                             _binding.Binding(fun, jitted), options)
+
+
+def prepare(fn, *args):
+  with fn.gate:
+    traced = fn.jitted.trace(*args)
+  call = fn.binding.bind(args, {})
+  return _signature.prepare(fn, call, traced), call
+
+
+def swapped(a, b):
+  return b.at[0].set(1.0), a + 1.0
+
+
+def same_order(a, b):
+  return a + 1.0, b * 2.0
+
+
+def test_jax_jits_own_pairing_runs_natively_and_a_better_one_relays_out():
+  native, _ = prepare(function(same_order, donate_argnums=(0, 1)), jnp.ones(4), jnp.ones(4))
+  assert native.native and native.inner is None and native.donated == {0, 1}
+  relaid, _ = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(4), jnp.ones(4))
+  assert not relaid.native and relaid.inner.out_order == (1, 0)
+  assert relaid.plan.pairs() == {1: 0, 0: 1}
+
+
+def test_compile_reads_the_aliases_xla_made_into_the_plan():
+  prep, call = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(4), jnp.ones(4))
+  assert prep.compiled is None
+  compiled, plan = prep.compile(call)
+  assert prep.compiled is compiled and prep.lowered is not None
+  assert [d.action for d in plan.decisions] == ["aliased", "aliased"]
+  assert prep.in_paths == ["a", "b"]
+  # The inner computation's outputs are reordered (b's update first), so its parameter k aliases
+  # its output k; the plan names the user's outputs.
+  assert _compiled._realized_aliases(compiled.as_text()) == {0: 0, 1: 1}
+  assert [d.output for d in plan.decisions] == ["out[1]", "out[0]"]
+  assert plan.memory.temp == 0
+
+
+def test_run_gives_the_users_output_order_and_consumes_the_donated_leaves():
+  fn = function(swapped, donate_argnums=(0, 1))
+  a, b = jnp.zeros(4), jnp.zeros(4)
+  prep, call = prepare(fn, a, b)
+  prep.compile(call)
+  pa, pb = a.unsafe_buffer_pointer(), b.unsafe_buffer_pointer()
+  with fn.gate:
+    x, y = prep.run((a, b), {}, call.leaves)
+  assert x.tolist() == [1.0, 0.0, 0.0, 0.0] and y.tolist() == [1.0] * 4
+  assert (x.unsafe_buffer_pointer(), y.unsafe_buffer_pointer()) == (pb, pa)
+  assert a.is_deleted() and b.is_deleted()
+
+
+def test_the_same_array_twice_is_refused_before_anything_runs():
+  fn = function(same_order, donate_argnums=0)
+  a = jnp.ones(4)
+  prep, call = prepare(fn, a, a)
+  with pytest.raises(DonationRuntimeError, match="passed twice to same_order, once as a and once as b"):
+    prep.check_duplicates(call)
+  assert not a.is_deleted()
