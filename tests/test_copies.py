@@ -217,11 +217,8 @@ def test_strict_names_the_copied_donated_buffer():
 
 
 def _h100_mesh():
-  from jax.experimental import topologies  # noqa: PLC0415
-  with open("/work/shared/gpu-targets/h100.txtpb") as f:
-    config = f.read()
-  topo = topologies.get_topology_desc("h100", "cuda", target_config=config, topology="1x1x1")
-  return topologies.make_mesh(topo, (1,), ("x",))
+  from donate import targets  # noqa: PLC0415
+  return targets.gpu_mesh("h100", 1)
 
 
 def _has_cuda_plugin() -> bool:
