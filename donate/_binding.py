@@ -17,6 +17,7 @@ from jax import tree_util
 
 from donate import _compat
 from donate import _donation_plan
+from donate._donation_plan import ABSTRACT, DEVICE, HOST
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,32 +126,32 @@ class Binding:
 def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   """The planner's facts about one leaf: device buffer, abstract value or host value."""
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-    kind = _donation_plan.DEVICE
+    kind = DEVICE
   elif isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
-    kind = _donation_plan.ABSTRACT
+    kind = ABSTRACT
   else:
-    kind = _donation_plan.HOST
-  aval = jax.typeof(x) if kind != _donation_plan.ABSTRACT else x
+    kind = HOST
+  aval = jax.typeof(x) if kind != ABSTRACT else x
   if not hasattr(aval, "shape"):  # a token or another value without a shape: never a buffer
-    return _donation_plan.LeafInfo(path, (), type(aval).__name__, 0, "-", None, _donation_plan.HOST,
-                          type(x).__name__)
+    return _donation_plan.LeafInfo(path, (), type(aval).__name__, 0, "-", None, HOST,
+                                   type(x).__name__)
   shape = tuple(aval.shape)
   dtype = str(aval.dtype)
   nbytes = aval_nbytes(aval)
-  sharding = getattr(x, "sharding", None) if kind != _donation_plan.HOST else None
+  sharding = getattr(x, "sharding", None) if kind != HOST else None
   memory_kind = getattr(sharding, "memory_kind", None)
-  text = _donation_plan.sharding_str(sharding) if kind != _donation_plan.ABSTRACT or sharding is not None else "-"
-  return _donation_plan.LeafInfo(path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__,
-                        sharding)
+  text = _donation_plan.sharding_str(sharding) if kind != ABSTRACT or sharding is not None else "-"
+  return _donation_plan.LeafInfo(path, shape, dtype, nbytes, text, memory_kind, kind,
+                                 type(x).__name__, sharding)
 
 
 def meta_key(x) -> tuple:
   """What, beyond the traced avals, decides a leaf's plan and lowering (as `jax.jit`'s MetaTy)."""
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-    return (_donation_plan.DEVICE, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
+    return (DEVICE, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
   if isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
-    return (_donation_plan.ABSTRACT, getattr(x, "sharding", None))
-  return (_donation_plan.HOST, type(x))
+    return (ABSTRACT, getattr(x, "sharding", None))
+  return (HOST, type(x))
 
 
 def aval_nbytes(aval) -> int:

@@ -9,19 +9,16 @@ support a new JAX version, start here (see CONTRIBUTING.md).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Any
 
+import jax
 import jax.extend as jex
 
 # Source lines of equations: `jax.extend` exposes `source_info` on equations but no public way to
 # turn it into "file:line (function)" text; JAX's own errors use `summarize`.
 from jax._src import source_info_util as _source_info_util
-
-
-import os
-
-import jax
 
 _HIDDEN = (os.path.dirname(jax.__file__), os.path.dirname(os.path.dirname(__file__)) + os.sep + "donate")
 

@@ -271,7 +271,8 @@ class DonationPlan:
         f"<td>{esc(d.source) if d.requested else '-'}</td>"
         f"<td><b>{d.action}</b></td><td><code>{esc(d.output or '-')}</code></td>"
         f"<td>{esc(d.reason)}</td></tr>" for d in self.decisions)
-    foot = f"<p>requested {format_bytes(self.bytes_requested)}, reused {format_bytes(self.bytes_reused)}"
+    foot = (f"<p>requested {format_bytes(self.bytes_requested)}, "
+            f"reused {format_bytes(self.bytes_reused)}")
     if self.memory is not None:
       foot += f"; compiled: {_memory_text(self.memory)}"
     foot += "</p>" + "".join(f"<p>note: {esc(n)}</p>" for n in self.notes)
@@ -289,8 +290,9 @@ def _not_made(output: str | None, shardings: tuple[str, str] | None) -> str:
 
 
 def _memory_text(m: MemoryStats) -> str:
-  return (f"arguments {format_bytes(m.argument)}, outputs {format_bytes(m.output)}, aliased "
-          f"{format_bytes(m.alias)}, temporaries {format_bytes(m.temp)}, peak {format_bytes(m.peak)}")
+  return (f"arguments {format_bytes(m.argument)}, outputs {format_bytes(m.output)}, "
+          f"aliased {format_bytes(m.alias)}, temporaries {format_bytes(m.temp)}, "
+          f"peak {format_bytes(m.peak)}")
 
 
 def _table(decisions: Sequence[LeafDecision]) -> list[str]:

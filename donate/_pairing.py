@@ -31,9 +31,9 @@ import numpy as np
 
 from donate import _dataflow
 from donate import _errors
-from donate._donation_plan import (ALIASED, DEVICE, DONOR, HOST, KEPT, NOT_A_DEVICE_BUFFER, UNUSABLE,
-                                   UNUSED, DonationPlan, LeafDecision, LeafInfo, Layout,
-                                   OutputInfo, shape_text, sharding_text)
+from donate._donation_plan import (ALIASED, DEVICE, DONOR, HOST, KEPT, NOT_A_DEVICE_BUFFER,
+                                   UNUSABLE, UNUSED, DonationPlan, LeafDecision, LeafInfo,
+                                   Layout, OutputInfo, shape_text, sharding_text)
 
 _STRENGTH_WORDS = {
     _dataflow.EXPLICIT: "explicit alias",

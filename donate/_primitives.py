@@ -6,9 +6,9 @@ explanations, the symmetric-memory trace-back) reads it. Names are as jaxprs spe
 exist only in some JAX versions (``tests/test_primitives.py`` checks every name against the
 installed JAX and the list of version-specific ones).
 
-The annotation primitives `donate_buffer_p` and `alias_p` are identities on values. They exist so that intent is recorded in the jaxpr at any nesting
-depth (inside `scan`, `cond`, nested `jit`, `shard_map`, `custom_vjp`, `vmap` and `grad`), where the
-planner finds it. They lower to nothing: the lowering returns the operand unchanged, and the planner
+The annotation primitives `donate_buffer_p` and `alias_p` are identities on values. They exist so
+that intent is recorded in the jaxpr at any nesting depth (inside `scan`, `cond`, nested `jit`,
+`shard_map`, `custom_vjp`, `vmap` and `grad`), where the planner finds it. They lower to nothing: the lowering returns the operand unchanged, and the planner
 turns the intent into buffer donors and input/output aliases on the outermost module.
 """
 

@@ -217,7 +217,8 @@ class _Walker:
     self.steps.append(scope + name)
     for out in eqn.outvars:
       self.new(out, name, scope, step, env)
-    if name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1 and env[eqn.outvars[0]] is not None:
+    if (name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1
+        and env[eqn.outvars[0]] is not None):
       ids = tuple(dict.fromkeys(i for i in operands if i is not None))
       self.inplace.append(InplaceCandidate(step, env[eqn.outvars[0]], ids))
 

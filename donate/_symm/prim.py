@@ -263,8 +263,9 @@ def scope_name(axes: tuple[str, ...], kind: str) -> str:
 def context_spec(eqn) -> tuple[tuple[str, ...], str] | None:
   """Returns ``(axes, kind)`` if ``eqn`` was traced inside ``symmetric_memory``, else None.
 
-  The innermost context wins. ``symmetric_p`` equations and pure views (``_primitives.TRACE_BACK_VIEWS``: reshape,
-  convert, ``pvary``, ...) are never context outputs: they materialise nothing of their own.
+  The innermost context wins. ``symmetric_p`` equations and pure views
+  (``_primitives.TRACE_BACK_VIEWS``: reshape, convert, ``pvary``, ...) are never context outputs:
+  they materialise nothing of their own.
   Nor are equations of a backward pass (``transpose(...)`` in the name stack): like PyTorch's
   context manager, the context covers the forward computation written inside it.
 
@@ -272,7 +273,8 @@ def context_spec(eqn) -> tuple[tuple[str, ...], str] | None:
   >>> context_spec(jax.make_jaxpr(jnp.sin)(1.0).eqns[0]) is None
   True
   """
-  if eqn.primitive is symmetric_p or eqn.primitive.name in _primitives.TRACE_BACK_VIEWS or eqn.source_info is None:
+  if (eqn.primitive is symmetric_p or eqn.primitive.name in _primitives.TRACE_BACK_VIEWS
+      or eqn.source_info is None):
     return None
   stack = str(eqn.source_info.name_stack)
   at = stack.rfind(_SCOPE_PREFIX)

@@ -27,7 +27,7 @@ from donate._symm.prim import context_spec
 from donate._symm.prim import symmetric_p
 from donate._symm.registry import COLLECTIVE_PRIMITIVES
 from donate._symm.registry import requirements
-from donate._compat import short_source_line as source_line
+from donate._compat import short_source_line
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -292,7 +292,7 @@ def _finish(top, item: _Pending, cache, reqs) -> CommBuffer:
       var=item.var, jaxpr=_current(top, item.path), kind=item.kind, group=item.group,
       producer=item.producer, custom_op=custom, nbytes=size,
       shape=tuple(getattr(aval, "shape", ())), dtype=str(getattr(aval, "dtype", "")),
-      source_info=source_line(info), feeds_collective=bool(collectives), collectives=collectives,
+      source_info=short_source_line(info), feeds_collective=bool(collectives), collectives=collectives,
       is_output=is_output, over_allocated_bytes=0 if needed else size,
       sources=tuple(dict.fromkeys(item.sources)),
       path=tuple(s.eqn.primitive.name for s in item.path), out_index=item.out_index, eqn=item.eqn)
