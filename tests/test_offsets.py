@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from donate._errors import DonationError
+from donate._planner import packing, search
 from donate._planner.offsets import OffsetAssignment, assign_offsets
 
 BENCH = Path(__file__).resolve().parents[2] / "shared" / "planner-bench" / "minimalloc"
@@ -285,20 +286,64 @@ def test_challenging_files_reach_their_lower_bound_without_a_capacity(name):
 # Large instances.
 
 
-def test_large_instance_is_repacked_a_band_at_a_time():
-  # Fourteen copies of MiniMalloc A side by side in time, tied together by one small buffer live
-  # throughout: one part of 2157 buffers, too many to search whole.
+def fourteen_a(tiny: int = 0):
+  """Fourteen copies of MiniMalloc A side by side in time, tied together by one small buffer
+  live throughout (one part of 2157 buffers), and ``tiny`` 64-byte buffers here and there."""
   path = BENCH / "challenging" / "A.1048576.csv"
   if not path.exists():
     pytest.skip(f"{path} not found")
   sizes, starts, ends = load(path)
   span, k = max(ends), 14
-  sizes, starts, ends = (sizes * k + [1024], [s + c * span for c in range(k) for s in starts] + [0],
-                         [e + c * span for c in range(k) for e in ends] + [k * span])
+  rng = np.random.default_rng(0)
+  first = rng.integers(0, k * span - 50, tiny).tolist()
+  return (sizes * k + [1024] + [64] * tiny,
+          [s + c * span for c in range(k) for s in starts] + [0] + first,
+          [e + c * span for c in range(k) for e in ends] + [k * span] +
+          [f + int(rng.integers(1, 50)) for f in first])
+
+
+def test_large_part_is_searched_whole_by_the_array_descent():
+  sizes, starts, ends = fourteen_a()
   result = assign_offsets(sizes, starts, ends, time_limit=5)
   assert sweep_check(sizes, starts, ends, result.offsets) == result.height
   assert result.lower_bound <= result.height < result.greedy_height
   assert result.method == "greedy+search"
+
+
+def test_large_instance_is_repacked_a_band_at_a_time(monkeypatch):
+  # Parts beyond what the search takes whole (made small here) are re-packed a band at a time.
+  monkeypatch.setattr(search, "MAX_BUFFERS", 2000)
+  sizes, starts, ends = fourteen_a()
+  bands = []
+  real = packing.Packing._fit_bands
+  monkeypatch.setattr(packing.Packing, "_fit_bands",
+                      lambda self, *a: bands.append(a) or real(self, *a))
+  result = assign_offsets(sizes, starts, ends, time_limit=5)
+  assert bands and sweep_check(sizes, starts, ends, result.offsets) == result.height
+  assert result.lower_bound <= result.height < result.greedy_height
+
+
+def test_smallest_buffers_of_a_large_part_are_packed_apart(monkeypatch):
+  # 300 buffers of 64 bytes, well under 1e-4 of the lower bound: the search packs the rest
+  # under the probe less their own height, and puts them right above it.
+  sizes, starts, ends = fourteen_a(tiny=300)
+  placed = []
+  real = packing.Packing._fit_split
+
+  def spy(self, split, target, node_limit):
+    status = real(self, split, target, node_limit)
+    if status == "ok":  # the small ones right above the large ones, all under the probe
+      tops = self.offsets + self.inst.sizes
+      assert self.offsets[split.small].min() >= tops[split.large].max()
+      assert tops.max() == self.height <= target
+      placed.append(len(split.small))
+    return status
+
+  monkeypatch.setattr(packing.Packing, "_fit_split", spy)
+  result = assign_offsets(sizes, starts, ends, time_limit=5)
+  assert sweep_check(sizes, starts, ends, result.offsets) == result.height
+  assert result.height < result.greedy_height
+  assert placed and set(placed) == {300}
 
 
 def test_budget_and_memory_kept_on_100k_buffers():

@@ -1,4 +1,4 @@
-"""Unit tests for the offset engine's passes: `sweep`, `greedy`, `search` and `dfs`.
+"""Unit tests for the offset engine's passes: `sweep`, `greedy`, `search`, `dfs`, `dfs_array`.
 
 tests/test_offsets.py tests `assign_offsets` as a whole; here each pass is called directly, and
 its answers are checked by the validators of tests/test_offsets.py (independent of the engine)
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from donate._planner import dfs, greedy, search, sweep
+from donate._planner import dfs, dfs_array, greedy, search, sweep
 from test_offsets import best_fit_offsets, brute_force_height, sweep_check, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,6 +167,67 @@ def test_a_descent_checks_its_floor_and_sections_before_it_starts():
   descent = dfs.Descent(layout, "TWA", order, 12)
   assert descent.feasible()
   assert descent.resume(1000, math.inf) == [5, 0, 9]  # bottom up, in preorder
+
+
+def descend(core, part, heuristic: str, cap: int, nodes: int):
+  """What one descent of ``core`` answers within ``nodes``, and the nodes it has left."""
+  layout = core.Layout(part)
+  descent = core.Descent(layout, heuristic, layout.order(heuristic), cap)
+  if not descent.feasible():
+    return "not feasible", 0
+  found = descent.resume(nodes, math.inf)
+  return ("paused" if found is core.PAUSED else found), descent.nodes[0]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_array_descent_is_the_list_descent_node_for_node(seed):
+  """`dfs_array` searches large parts; `dfs` small ones. Same answers, same node counts, from
+  the same floors, whether the descent completes, proves infeasibility or runs out of nodes."""
+  rng = np.random.default_rng(seed)
+  n = int(rng.integers(3, 60))
+  starts = rng.integers(0, 30, n)
+  inst = instance(rng.integers(1, 20, n), starts, starts + rng.integers(1, 15, n))
+  floor = rng.integers(0, 3, len(inst.live)) * (seed % 2)
+  for part in search.parts(inst.sizes, inst.starts, inst.ends, inst.live, floor):
+    low = max(part.totals)
+    for heuristic in search.PREORDERS:
+      assert dfs_array.Layout(part).order(heuristic) == dfs.Layout(part).order(heuristic)
+      for cap in (low, low + 1, int(low * 1.02), int(low * 1.05)):
+        listed = descend(dfs, part, heuristic, cap, 3000)
+        assert descend(dfs_array, part, heuristic, cap, 3000) == listed, (heuristic, cap)
+
+
+def test_the_array_descent_matches_on_a_minimalloc_file():
+  path = ROOT.parent / "shared" / "planner-bench" / "minimalloc" / "challenging" / "C.1048576.csv"
+  if not path.exists():
+    pytest.skip(f"{path} not found")
+  from test_offsets import load
+  sizes, starts, ends = load(path)
+  (part,) = whole(instance(np.asarray(sizes) // 1024, starts, ends))
+  for heuristic in search.PREORDERS:
+    for cap in (1014, 1015, 1020):  # below, at and above its lower bound (units of 1 KiB)
+      listed = descend(dfs, part, heuristic, cap, 3000)
+      assert descend(dfs_array, part, heuristic, cap, 3000) == listed
+      if isinstance(listed[0], list):
+        assert sweep_check(part.size, inst_times(part, starts), inst_times(part, ends),
+                           listed[0]) <= cap
+
+
+def inst_times(part, times):
+  return np.asarray(times)[part.ids].tolist()
+
+
+def test_parts_of_many_buffers_go_to_the_array_descent():
+  sizes, starts, ends = synthetic(3000, 4)
+  (part,) = whole(instance(sizes // 1024, starts, ends + 400 * (np.arange(3000) % 7 == 0)))
+  assert len(part.ids) > search.LIST_BUFFERS and part.searchable and not part.lists
+  small = whole(instance([4, 5, 3], [0, 0, 0], [2, 2, 2]))[0]
+  assert small.lists and small.setup_seconds < part.setup_seconds
+  solver = search.Search(part)
+  found = solver.solve(int(max(part.totals) * 1.5), None, math.inf)
+  assert isinstance(solver._layout, dfs_array.Layout)
+  assert sweep_check(part.size, inst_times(part, starts),
+                     inst_times(part, ends + 400 * (np.arange(3000) % 7 == 0)), found)
 
 
 def test_a_descent_is_as_deep_as_the_part_without_recursion():

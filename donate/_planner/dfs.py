@@ -24,7 +24,7 @@ import numpy as np
 
 from donate._planner.sweep import INF
 
-_MEMO_LIMIT = 200_000  # parts of the search remembered per descent
+MEMO_LIMIT = 200_000  # parts of the search remembered per descent
 PAUSED = object()  # what a descent yields and returns when it stops for its budget or deadline
 
 
@@ -130,7 +130,11 @@ class Descent:
         return PAUSED
       stack.append(sub)
       value = None
-    return [self.solution[i] for i in range(len(self.layout.size))] if value else "infeasible"
+    return self.answer() if value else "infeasible"
+
+  def answer(self) -> list[int]:
+    """The offsets found, by local id."""
+    return [self.solution[i] for i in range(len(self.layout.size))]
 
   def group(self, labels: list[int], a: int, b: int) -> tuple:
     """A part of the search: its buffers in preorder, a getter over them, their sizes, and
@@ -158,7 +162,7 @@ class Descent:
     fullest = {j: max(total[lo[j]:hi[j]]) for j in labels}
     labels = ranked(labels, self.heuristic, {**self.layout.keys, "T": fullest})
     done = yield self.visit(self.group(labels, a, b), -1, 0)
-    if len(self.failed) + len(self.solved) < _MEMO_LIMIT:
+    if len(self.failed) + len(self.solved) < MEMO_LIMIT:
       if done:
         self.solved[state] = {j: self.solution[j] for j in labels}
       else:

@@ -10,6 +10,7 @@ capacity, on the floor that the buffers below them leave.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -20,10 +21,27 @@ from donate._planner import search
 from donate._planner import sweep
 
 _PORTFOLIO_SHARE = 0.4  # of the time limit, at most, for greedy orders after the first
+_SMALL_BUDGET = 2000  # a probe's nodes per buffer, up to this many buffers, when all parts are small
+_SMALL_SHARE = 1e-4  # of a wide part's lower bound: buffers this small are packed apart
 _BAND_START = 256  # buffers in the first band re-packed on a large instance
 _PROBES_PER_ROUND = 3  # bisection probes per round
 _LOWER_BOUND_SHARE = 8  # the probe at the lower bound gets this many times their node budget
-_SECONDS_PER_CELL = 1e-6  # roughly, to set a search up, per (buffer, section) cell or pair
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Split:
+  """A part searched without its smallest buffers: ``parts`` (with their searches) hold the
+  large buffers ``large``; the small ones ``small`` keep the offsets ``packed`` they have when
+  packed on their own, ``reserve`` high, and go right above the large ones."""
+
+  parts: list
+  large: np.ndarray
+  small: np.ndarray
+  packed: np.ndarray
+  reserve: int
+
+
+_UNSPLIT = object()  # a part whose split is not worked out yet
 
 
 class Packing:
@@ -97,19 +115,27 @@ class Packing:
     """Capacity mode: one long probe at the capacity. Otherwise rounds of probes, each round
     with four times the node budget of the last: first the lower bound (tight capacities prune
     best, so it is often the quickest to fit), then bisection between it and the best height.
-    Stops early when a round neither improved nor ran out of budget anywhere."""
+    Stops early when a round neither improved nor ran out of budget anywhere.
+
+    An instance with a part too large for `dfs`'s lists skips the lower-bound probe (one node
+    there costs a pass over the part, and a descent takes at least one node per buffer) and
+    bisects with a budget of ten descents of that part."""
     if self.cap is not None:
       if self.cap >= self.inst.lower_bound:
         self._probe(self.cap, None)
       return
+    if time.perf_counter() >= self.deadline:
+      return
     low = self.inst.lower_bound
-    budget = 4 * min(len(self.inst.live), search.MAX_BUFFERS)
+    largest = max(len(entry[0].ids) for entry in self._parts())
+    wide = largest > search.LIST_BUFFERS
+    budget = 10 * largest if wide else 4 * min(len(self.inst.live), _SMALL_BUDGET)
     while low < self.height and time.perf_counter() < self.deadline:
-      statuses = [self._probe(low, _LOWER_BOUND_SHARE * budget)]
-      if statuses[0] == "proof":
+      statuses = [] if wide else [self._probe(low, _LOWER_BOUND_SHARE * budget)]
+      if statuses and statuses[0] == "proof":
         low += 1
         continue
-      soft_low = low + 1
+      soft_low = low + (not wide)
       for _ in range(_PROBES_PER_ROUND):
         if soft_low >= self.height or time.perf_counter() > self.deadline:
           break
@@ -124,6 +150,15 @@ class Packing:
       budget *= 4
     self.proven = low >= self.height
 
+  def _parts(self) -> list:
+    """The parts of the whole instance, each with its search once it has one (built once)."""
+    if self._whole is None:
+      inst = self.inst
+      whole = search.parts(inst.sizes, inst.starts, inst.ends, inst.live,
+                           np.zeros(len(inst.live), np.int64))
+      self._whole = [[p, None, _UNSPLIT] for p in whole]
+    return self._whole
+
   def _probe(self, target: int, node_limit: int | None) -> str:
     """Tries to fit everything under ``target``, one independent part at a time.
 
@@ -136,17 +171,15 @@ class Packing:
     if time.perf_counter() >= self.deadline:
       return "aborted"
     self.method = "greedy+search"
-    if self._whole is None:
-      inst = self.inst
-      whole = search.parts(inst.sizes, inst.starts, inst.ends, inst.live,
-                           np.zeros(len(inst.live), np.int64))
-      self._whole = [[p, None] for p in whole]
     proof = True
-    for entry in self._whole:
+    for entry in self._parts():
       part = entry[0]
       if self._part_height(part) <= target:
         continue
-      if part.searchable:
+      split = self._split(entry, target) if part.searchable else None
+      if split is not None:
+        proof, status = False, self._fit_split(split, target, node_limit)
+      elif part.searchable:
         entry[1] = entry[1] or search.Search(part)
         status = self._fit([(part, entry[1])], target, node_limit)
       else:
@@ -163,7 +196,7 @@ class Packing:
   def _fit_bands(self, ids: np.ndarray, target: int, node_limit: int | None) -> str:
     count = _BAND_START
     while True:
-      band = self._band(ids, target, count)
+      band = _band(self.inst, self.offsets, ids, target, count)
       if band is None:
         return "stuck"
       status = self._fit([(p, None) for p in band], target, node_limit)
@@ -171,42 +204,82 @@ class Packing:
         return status
       count *= 2
 
-  def _fit(self, parts, target: int, node_limit: int | None) -> str:
+  def _split(self, entry: list, target: int) -> _Split | None:
+    """How a part too large for `dfs`'s lists is searched without its smallest buffers, if
+    that leaves them room under ``target`` (worked out once per part)."""
+    part, _, split = entry
+    if split is _UNSPLIT:
+      split = entry[2] = _make_split(self.inst, part)
+    return None if split is None or 2 * split.reserve > target - max(part.totals) else split
+
+  def _fit_split(self, split: _Split, target: int, node_limit: int | None) -> str:
+    """Searches the large buffers of a part under ``target`` less the small ones' own height,
+    then puts the small ones, as packed on their own, right above them."""
+    for entry in split.parts:
+      entry[1] = entry[1] or search.Search(entry[0])
+    def lift(offsets: np.ndarray) -> None:
+      base = int((offsets[split.large] + self.inst.sizes[split.large]).max())
+      offsets[split.small] = base + split.packed
+
+    return self._fit([tuple(e) for e in split.parts], target - split.reserve, node_limit, lift)
+
+  def _fit(self, parts, target: int, node_limit: int | None, then=None) -> str:
     """Searches every part above ``target``: "ok", "infeasible", "aborted" or "stuck" (a part
-    too large to search); keeps what fits."""
+    too large to search); keeps what fits, after ``then(offsets)`` if given."""
     offsets = self.offsets.copy()
     for part, solver in parts:
       if max(o + z for o, z in zip(offsets[part.ids].tolist(), part.size)) <= target:
         continue
       if not part.searchable:
         return "stuck"
-      if solver is None and part.cells * _SECONDS_PER_CELL > self.deadline - time.perf_counter():
+      fresh = solver is None or not solver.started
+      if fresh and part.setup_seconds > self.deadline - time.perf_counter():
         return "aborted"  # no time left to set its search up
       result = (solver or search.Search(part)).solve(target, node_limit, self.deadline)
       if isinstance(result, str):
         return result
       offsets[part.ids] = result
+    if then is not None:
+      then(offsets)
     # Each part now lies under target (below the height), so this is never worse.
     self.offsets, self.height = offsets, self._max_top(offsets)
     return "ok"
 
-  def _band(self, ids: np.ndarray, target: int, count: int):
-    """The parts of the band of at least ``count`` of the buffers ``ids``, including every one
-    that reaches above ``target``, each with its floor; ``None`` if too large to search."""
-    inst = self.inst
-    offsets = self.offsets[ids]
-    tops = offsets + inst.sizes[ids]
-    ranked = np.sort(offsets)[::-1]
-    highest = int(offsets[tops > target].min())
-    count = max(count, int(np.searchsorted(-ranked, -highest, side="right")))
-    if count > search.MAX_BUFFERS or count > 2 * len(ids):
-      return None
-    level = int(ranked[min(count, len(ranked)) - 1])
-    band = ids[offsets >= level]
-    crossing = ids[(offsets < level) & (tops > level)]
-    floor = np.full(inst.num_sections, level, np.int64)
-    # At most one buffer crosses ``level`` in each section, so these cells are distinct.
-    cells, owner = sweep.cells(inst.a[crossing], inst.b[crossing])
-    floor[cells] = self.offsets[crossing][owner] + inst.sizes[crossing][owner]
-    lowest = sweep.range_max(floor, inst.a[band], inst.b[band])
-    return search.parts(inst.sizes, inst.starts, inst.ends, band, lowest)
+
+def _make_split(inst: sweep.Instance, part: search.Part) -> _Split | None:
+  """The part's buffers of at most `_SMALL_SHARE` of its lower bound, packed on their own by
+  the first greedy order, and the parts of the others; ``None`` if there is nothing to
+  split (a part `dfs` searches, or none or all of its buffers small)."""
+  small = np.asarray(part.size) <= _SMALL_SHARE * max(part.totals)
+  if part.lists or small.all() or not small.any():
+    return None
+  ids = part.ids[small]
+  alone = sweep.build(inst.sizes[ids], inst.starts[ids], inst.ends[ids])
+  order = greedy.preorder(greedy.keys(alone), greedy.SKYLINE_ORDERS[0], alone.live)
+  packed = greedy.skyline(alone, order, math.inf, finish=True)[0]
+  large = part.ids[~small]
+  parts = search.parts(inst.sizes, inst.starts, inst.ends, large, np.zeros(len(large), np.int64))
+  return _Split([[p, None] for p in parts], large, ids, packed,
+                int((packed + alone.sizes).max()))
+
+
+def _band(inst: sweep.Instance, offsets_all: np.ndarray, ids: np.ndarray, target: int,
+          count: int):
+  """The parts of the band of at least ``count`` of the buffers ``ids``, including every one
+  that reaches above ``target``, each with its floor; ``None`` if too large to search."""
+  offsets = offsets_all[ids]
+  tops = offsets + inst.sizes[ids]
+  ranked = np.sort(offsets)[::-1]
+  highest = int(offsets[tops > target].min())
+  count = max(count, int(np.searchsorted(-ranked, -highest, side="right")))
+  if count > search.MAX_BUFFERS or count > 2 * len(ids):
+    return None
+  level = int(ranked[min(count, len(ranked)) - 1])
+  band = ids[offsets >= level]
+  crossing = ids[(offsets < level) & (tops > level)]
+  floor = np.full(inst.num_sections, level, np.int64)
+  # At most one buffer crosses ``level`` in each section, so these cells are distinct.
+  cells, owner = sweep.cells(inst.a[crossing], inst.b[crossing])
+  floor[cells] = offsets_all[crossing][owner] + inst.sizes[crossing][owner]
+  lowest = sweep.range_max(floor, inst.a[band], inst.b[band])
+  return search.parts(inst.sizes, inst.starts, inst.ends, band, lowest)

@@ -18,14 +18,17 @@ import time
 import numpy as np
 
 from donate._planner import dfs
+from donate._planner import dfs_array
 from donate._planner.sweep import components, distinct, section_totals
 
 # Static preorders tried round robin (MiniMalloc's defaults): W = longer lifetime first,
 # A = larger area (size x lifetime) first, T = larger fullest-section total first,
 # C = more sections first, B = sections x size.
 PREORDERS = ("TWA", "WAT", "TAW", "BTC")
-MAX_BUFFERS = 2000  # parts larger than this are not searched,
-MAX_CELLS = 1_000_000  # nor parts with more (buffer, section) cells or pairs of buffers that meet
+LIST_BUFFERS = 500  # parts up to this size are searched by `dfs` (lists), larger ones by
+LIST_CELLS = 1_000_000  # `dfs_array`; `dfs` also needs at most this many pairs that meet
+MAX_BUFFERS = 40_000  # parts larger than this are not searched,
+MAX_CELLS = 16_000_000  # nor parts with more (buffer, section) cells
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -38,6 +41,7 @@ class Part:
 
   ids: np.ndarray
   cells: int
+  pairs: int
   size: list[int]
   length: list[int]
   lo: list[int]
@@ -48,6 +52,17 @@ class Part:
   @property
   def searchable(self) -> bool:
     return len(self.size) <= MAX_BUFFERS and self.cells <= MAX_CELLS
+
+  @property
+  def lists(self) -> bool:
+    """Whether `dfs` (Python lists) searches this part rather than `dfs_array`."""
+    return len(self.size) <= LIST_BUFFERS and max(self.cells, self.pairs) <= LIST_CELLS
+
+  @property
+  def setup_seconds(self) -> float:
+    """Roughly (on the slow side), the time to set a search of this part up: per cell, and per
+    pair for `dfs`."""
+    return 1e-6 * max(self.cells, self.pairs) if self.lists else 3e-7 * self.cells
 
 
 def parts(sizes, starts, ends, ids: np.ndarray, floor: np.ndarray) -> list[Part]:
@@ -65,8 +80,7 @@ def parts(sizes, starts, ends, ids: np.ndarray, floor: np.ndarray) -> list[Part]
     # (buffer, section) cells, and pairs: for each buffer, those starting inside its span
     starts_sorted = np.sort(lo)
     pairs = int((np.searchsorted(starts_sorted, hi) - np.searchsorted(starts_sorted, lo)).sum())
-    cells = max(int((hi - lo).sum()), pairs)
-    out.append(Part(ids[group], cells, z.tolist(), (ends[ids[group]] - starts[ids[group]]).tolist(),
+    out.append(Part(ids[group], int((hi - lo).sum()), pairs, z.tolist(), (ends[ids[group]] - starts[ids[group]]).tolist(),
                     lo.tolist(), hi.tolist(), section_totals(z, lo, hi, int(hi.max())).tolist(),
                     floor[group].tolist()))
   return out
@@ -86,6 +100,11 @@ class Search:
     self._layout: dfs.Layout | None = None
     self._orders: list[tuple[str, list[int]]] = []  # (heuristic, its static preorder)
     self._paused: dict[int, list[dfs.Descent]] = {}  # capacity -> descents, most recent last
+
+  @property
+  def started(self) -> bool:
+    """Whether the search is set up (its layout built, on the first `solve`)."""
+    return self._layout is not None
 
   def solve(self, cap: int, node_limit: int | None, deadline: float):
     """Offsets (a list by local id) fitting ``cap``, or "infeasible" (proven), or "aborted".
@@ -109,10 +128,11 @@ class Search:
 
   def _start(self, cap: int) -> list[dfs.Descent] | None:
     """One new descent per preorder, or ``None`` if nothing can fit under ``cap``."""
+    core = dfs if self.part.lists else dfs_array
     if self._layout is None:
-      self._layout = dfs.Layout(self.part)
+      self._layout = core.Layout(self.part)
       self._orders = [(h, self._layout.order(h)) for h in PREORDERS]
-    descents = [dfs.Descent(self._layout, h, order, cap) for h, order in self._orders]
+    descents = [core.Descent(self._layout, h, order, cap) for h, order in self._orders]
     return descents if all(d.feasible() for d in descents) else None
 
   def _round_robin(self, descents: list[dfs.Descent], node_limit: int | None, deadline: float):
