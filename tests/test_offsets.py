@@ -346,30 +346,58 @@ def test_smallest_buffers_of_a_large_part_are_packed_apart(monkeypatch):
   assert placed and set(placed) == {300}
 
 
-def test_budget_and_memory_kept_on_100k_buffers():
-  # In a fresh process whose address space may grow by at most 1 GiB once the engine is imported.
-  code = """
-import resource, sys
+LIMITED = """
+import math, resource, sys
 import numpy as np
 sys.path.insert(0, {tests!r})
 from test_offsets import synthetic, sweep_check
+from donate._planner import search, sweep
 from donate._planner.offsets import assign_offsets
 with open("/proc/self/status") as f:
     vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))
+"""
+
+
+def run_limited(code: str) -> str:
+  """Runs ``code`` in a fresh process whose address space may grow by at most 1 GiB once the
+  engine is imported; returns what it printed."""
+  out = subprocess.run([sys.executable, "-c", LIMITED.format(tests=str(ROOT / "tests")) + code],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout
+
+
+def test_budget_and_memory_kept_on_100k_buffers():
+  first, second = run_limited("""
 sizes, starts, ends = synthetic(100_000, seed=1)
 for limit in (1.0, 0.01):
     r = assign_offsets(sizes, starts, ends, time_limit=limit)
     assert sweep_check(sizes.tolist(), starts.tolist(), ends.tolist(), list(r.offsets)) == r.height
     print(limit, r.method, r.height >= r.lower_bound, 20 * r.height < sizes.sum())
-"""
-  out = subprocess.run([sys.executable, "-c", code.format(tests=str(ROOT / "tests"))],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
-  assert out.returncode == 0, out.stderr[-3000:]
-  first, second = out.stdout.split("\n")[:2]
+""").split("\n")[:2]
   assert first.split()[2] == second.split()[2] == "True"
   assert second.split()[1] == "stacked"  # 10 ms is too short even for the first answer
   assert second.split()[3] == "True"  # and even that is far below one stack of every buffer
+
+
+def test_a_wide_part_is_searched_over_arrays_within_a_memory_limit():
+  # 10,000 buffers live for up to 3,000 steps: one part of about 8.7 million (buffer, section)
+  # cells, beyond the lists' search, searched whole under the same memory limit.
+  cells, lists, module, fits = run_limited("""
+rng = np.random.default_rng(3)
+starts = np.arange(10_000)
+ends = starts + rng.integers(1, 3000, 10_000)
+sizes = rng.integers(1, 64, 10_000)
+inst = sweep.build(sizes, starts, ends)
+(part,) = search.parts(inst.sizes, inst.starts, inst.ends, inst.live, np.zeros(10_000, np.int64))
+solver = search.Search(part)
+found = solver.solve(2 * inst.lower_bound, None, math.inf)
+height = sweep_check(sizes.tolist(), starts.tolist(), ends.tolist(), found)
+print(part.cells, part.lists, type(solver._layout).__module__, height <= 2 * inst.lower_bound)
+""").split()
+  assert int(cells) > 8_000_000 and lists == "False" and fits == "True"
+  assert module == "donate._planner.dfs_array"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,9 +18,9 @@ import numpy as np
 
 from donate._planner import dfs
 from donate._planner.dfs import MEMO_LIMIT, PAUSED
-from donate._planner.sweep import INF, cells, range_max
+from donate._planner.sweep import INF, range_max
 
-_MEMO_CELLS = 20_000_000  # labels and offsets remembered over all parts, per descent
+_MEMO_CELLS = 4_000_000  # labels and offsets remembered over all parts, per descent
 _TABLE_CELLS = 1 << 20  # section members are kept as a padded table up to this size
 _HEAD = 64  # candidates put in order at once; the rest only if the search comes back for them
 
@@ -55,13 +55,17 @@ class Layout:
     self.keys = {"W": length, "A": length * self.size_np,
                  "T": range_max(self.totals, self.lo_np, self.hi_np), "Z": self.size_np,
                  "C": spans, "B": spans * self.size_np}
-    section, owner = cells(self.lo_np.astype(np.int32), self.hi_np.astype(np.int32))
-    pick = np.argsort(section, kind="stable")
-    self.members = owner[pick]  # members of section s: members[first[s]:first[s + 1]]
-    self.first = np.searchsorted(section[pick], np.arange(len(self.totals) + 1))
-    del section, owner
+    # Members of section s: members[first[s]:first[s + 1]], by id (int32: it is the largest array).
+    owner = np.repeat(np.arange(m, dtype=np.int32), spans)
+    section = np.arange(len(owner), dtype=np.int32)
+    section += (self.lo_np - (np.cumsum(spans) - spans)).astype(np.int32)[owner]
+    self.members = owner[np.argsort(section, kind="stable")]
+    del owner, section
+    sections = len(self.totals)
+    count = np.cumsum(np.bincount(self.lo_np, minlength=sections + 1)
+                      - np.bincount(self.hi_np, minlength=sections + 1))[:sections]
+    self.first = np.concatenate([[0], np.cumsum(count)])
     # The same as a table, one row per section padded with the sentinel m, where it is small.
-    count = np.diff(self.first)
     self.table = None
     if len(self.totals) * int(count.max(initial=0)) <= _TABLE_CELLS:
       self.table = np.full((len(self.totals), int(count.max(initial=0))), m, np.int64)
@@ -223,7 +227,8 @@ class Descent(dfs.Descent):
         if o != parent_offset:
           if o > room + sz:
             continue
-          if o > room and o + max(mx - sz, _max(total, group_lo, a), _max(total, b, group_hi)) > cap:
+          if o > room and o + max(mx - sz, _max(total, group_lo, a),
+                                  _max(total, b, group_hi)) > cap:
             continue
         nodes[0] -= 1
         if not nodes[0] & 255 and (nodes[0] <= 0 or time.perf_counter() > clock[0]):

@@ -21,7 +21,7 @@ from donate._planner import search
 from donate._planner import sweep
 
 _PORTFOLIO_SHARE = 0.4  # of the time limit, at most, for greedy orders after the first
-_SMALL_BUDGET = 2000  # a probe's nodes per buffer, up to this many buffers, when all parts are small
+_SMALL_BUDGET = 2000  # a probe's nodes per buffer, up to this many, when every part is small
 _SMALL_SHARE = 1e-4  # of a wide part's lower bound: buffers this small are packed apart
 _BAND_START = 256  # buffers in the first band re-packed on a large instance
 _PROBES_PER_ROUND = 3  # bisection probes per round

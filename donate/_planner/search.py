@@ -28,7 +28,7 @@ PREORDERS = ("TWA", "WAT", "TAW", "BTC")
 LIST_BUFFERS = 500  # parts up to this size are searched by `dfs` (lists), larger ones by
 LIST_CELLS = 1_000_000  # `dfs_array`; `dfs` also needs at most this many pairs that meet
 MAX_BUFFERS = 40_000  # parts larger than this are not searched,
-MAX_CELLS = 16_000_000  # nor parts with more (buffer, section) cells
+MAX_CELLS = 12_000_000  # nor parts with more (buffer, section) cells
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -80,9 +80,9 @@ def parts(sizes, starts, ends, ids: np.ndarray, floor: np.ndarray) -> list[Part]
     # (buffer, section) cells, and pairs: for each buffer, those starting inside its span
     starts_sorted = np.sort(lo)
     pairs = int((np.searchsorted(starts_sorted, hi) - np.searchsorted(starts_sorted, lo)).sum())
-    out.append(Part(ids[group], int((hi - lo).sum()), pairs, z.tolist(), (ends[ids[group]] - starts[ids[group]]).tolist(),
-                    lo.tolist(), hi.tolist(), section_totals(z, lo, hi, int(hi.max())).tolist(),
-                    floor[group].tolist()))
+    out.append(Part(ids[group], int((hi - lo).sum()), pairs, z.tolist(),
+                    (ends[ids[group]] - starts[ids[group]]).tolist(), lo.tolist(), hi.tolist(),
+                    section_totals(z, lo, hi, int(hi.max())).tolist(), floor[group].tolist()))
   return out
 
 
