@@ -164,7 +164,7 @@ class Packing:
 
     Returns "ok", "proof" (impossible), "aborted" (out of nodes or time) or "stuck" (not with
     this method, whatever the budget). Parts small enough are searched whole, so an exhausted
-    search is a proof. Larger ones re-pack the band of their buffers above some offset, on the
+    search is a proof (not when a wide part is searched without its smallest buffers). Larger ones re-pack the band of their buffers above some offset, on the
     floor the buffers below it leave; when the search shows that a band cannot fit on its
     floor, a band twice as large is tried.
     """
