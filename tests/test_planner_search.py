@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from donate._planner import dfs, dfs_array, greedy, search, sweep
-from test_offsets import best_fit_offsets, brute_force_height, sweep_check, synthetic
+from test_offsets import best_fit_offsets, brute_force_height, load, sweep_check, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,7 +201,6 @@ def test_the_array_descent_matches_on_a_minimalloc_file():
   path = ROOT.parent / "shared" / "planner-bench" / "minimalloc" / "challenging" / "C.1048576.csv"
   if not path.exists():
     pytest.skip(f"{path} not found")
-  from test_offsets import load
   sizes, starts, ends = load(path)
   (part,) = whole(instance(np.asarray(sizes) // 1024, starts, ends))
   for heuristic in search.PREORDERS:

@@ -21,7 +21,6 @@ from donate._planner.dfs import MEMO_LIMIT, PAUSED
 from donate._planner.sweep import INF, range_max
 
 _MEMO_CELLS = 4_000_000  # labels and offsets remembered over all parts, per descent
-_TABLE_CELLS = 1 << 20  # section members are kept as a padded table up to this size
 _HEAD = 64  # candidates put in order at once; the rest only if the search comes back for them
 
 
@@ -65,12 +64,6 @@ class Layout:
     count = np.cumsum(np.bincount(self.lo_np, minlength=sections + 1)
                       - np.bincount(self.hi_np, minlength=sections + 1))[:sections]
     self.first = np.concatenate([[0], np.cumsum(count)])
-    # The same as a table, one row per section padded with the sentinel m, where it is small.
-    self.table = None
-    if len(self.totals) * int(count.max(initial=0)) <= _TABLE_CELLS:
-      self.table = np.full((len(self.totals), int(count.max(initial=0))), m, np.int64)
-      rows = np.repeat(np.arange(len(self.totals)), count)
-      self.table[rows, np.arange(len(rows)) - self.first[rows]] = self.members
     # Per section, the lowest floor among its buffers, and one buffer that has it: what every
     # descent starts from.
     floor = np.append(np.asarray(part.floor, np.int64), INF)
@@ -289,12 +282,6 @@ def lowest(layout: Layout, least: np.ndarray, sections: np.ndarray):
   and the first member that has it."""
   if not len(sections):
     return np.zeros(0, np.int64), np.zeros(0, np.int64)
-  if layout.table is not None:
-    who = layout.table[sections]
-    values = least[who]
-    k = values.argmin(axis=1)
-    rows = np.arange(len(sections))
-    return values[rows, k], who[rows, k]
   start, count = layout.first[sections], layout.first[sections + 1] - layout.first[sections]
   offsets = np.cumsum(count) - count
   seg = np.repeat(np.arange(len(sections)), count)
