@@ -9,14 +9,9 @@
 # notebooks are made with Python 3.11 and jax 0.10), with the test extra and nbconvert (for the HTML).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-VENV=${VENV:-.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
+source scripts/venv.sh
 if ! "$VENV/bin/python" -c "import donate, jupytext, nbclient, nbconvert" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q -e ".[test]" nbconvert
 fi
 "$VENV/bin/python" -m ipykernel install --user --name python3 >/dev/null 2>&1 || true
-export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}  # as scripts/test.sh: CPU is the only runtime here
 exec "$VENV/bin/python" scripts/notebooks.py "$@"

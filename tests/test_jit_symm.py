@@ -23,12 +23,7 @@ def all_reduce(body):
   return lambda a: jax.shard_map(body, mesh=MESH, in_specs=jax.P("x"), out_specs=jax.P())(a)
 
 
-@pytest.fixture(autouse=True)
-def _no_requirements():
-  _symm_registry_clear = donate.symm.clear_requirements
-  _symm_registry_clear()
-  yield
-  _symm_registry_clear()
+pytestmark = pytest.mark.usefixtures("no_symmetric_requirements")
 
 
 def test_with_symmetric_under_donate_jit_is_marked_and_reported():

@@ -14,11 +14,7 @@ from donate._errors import DonationError
 from donate._symm import registry
 
 
-@pytest.fixture(autouse=True)
-def _empty_registry():
-  registry.clear()
-  yield
-  registry.clear()
+pytestmark = pytest.mark.usefixtures("no_symmetric_requirements")
 
 
 @pytest.mark.parametrize("fn, kind", [

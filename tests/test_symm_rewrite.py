@@ -18,11 +18,7 @@ MESH = Mesh(np.array(jax.devices()[:2]), ("i",))
 X = jnp.arange(8.0).reshape(4, 2)
 
 
-@pytest.fixture(autouse=True)
-def _empty_registry():
-  registry.clear()
-  yield
-  registry.clear()
+pytestmark = pytest.mark.usefixtures("no_symmetric_requirements")
 
 
 def smap(body):

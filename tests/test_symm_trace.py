@@ -20,11 +20,7 @@ MESH = Mesh(np.array(jax.devices()[:2]), ("i",))
 X = jnp.arange(16.0).reshape(4, 4)
 
 
-@pytest.fixture(autouse=True)
-def _empty_registry():
-  registry.clear()
-  yield
-  registry.clear()
+pytestmark = pytest.mark.usefixtures("no_symmetric_requirements")
 
 
 def mark(x, kind="symm_mem", source="with_symmetric"):
