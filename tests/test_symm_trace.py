@@ -13,7 +13,6 @@ from jax.sharding import PartitionSpec as P
 
 from donate._errors import SymmetricMemoryWarning
 from donate._symm import prim
-from donate._symm import registry
 from donate._symm import trace
 
 MESH = Mesh(np.array(jax.devices()[:2]), ("i",))

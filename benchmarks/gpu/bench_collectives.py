@@ -126,7 +126,7 @@ def _fmt(nbytes):
 
 
 def sweep(donate, jax, mesh, a):
-  print(f"| op | size | default us | symmetric us | symmetric / default | placement (default; symmetric) |")
+  print("| op | size | default us | symmetric us | symmetric / default | placement (default; symmetric) |")
   print("|---|---|---|---|---|---|")
   for op in ("all-reduce", "all-gather"):
     for nbytes in _sizes(a):
