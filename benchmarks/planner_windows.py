@@ -10,14 +10,18 @@ buffer that meets it is clipped to it, which can only make packing easier, so a 
 pack at some height proves the whole file cannot either. For each width the table gives how many
 windows reach their own lower bound (proven, or found) and the largest gap among those that do
 not within the time limit. ``--meet A,B`` packs the buffers that meet sections ``[A, B)`` kept
-whole (a subset of the file, so again never harder than it). Every answer is checked by the
-overlap validator of ``bench_planner``.
+whole (a subset of the file, so again never harder than it). ``--grow A,B --capacity C`` starts
+from those buffers and adds the others one at a time, each time the one whose addition is fitted
+under ``C`` soonest (a search from scratch per try, the time limit per try growing 4x, to 16 s,
+when none fits): how much of the file fits under ``C``. Every answer is checked by the overlap
+validator of ``bench_planner``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +37,32 @@ def pack(sizes, starts, ends, limit: float):
   return r
 
 
+def grow(sizes, starts, ends, pick: np.ndarray, capacity: int, limit: float) -> None:
+  """Adds buffers to ``pick`` while some addition still fits under ``capacity`` (see above)."""
+  chosen, left = list(np.flatnonzero(pick)), list(np.flatnonzero(~pick))
+  began = time.perf_counter()
+  while left:
+    found = None
+    for i in left:
+      ids = np.array(chosen + [i])
+      r = planner.assign_offsets(sizes[ids].tolist(), starts[ids].tolist(), ends[ids].tolist(),
+                                 capacity=capacity, time_limit=limit)
+      if r.height <= capacity and (found is None or r.seconds < found[1]):
+        assert validate(sizes[ids], starts[ids], ends[ids], r.offsets) == r.height
+        found = (i, r.seconds)
+        if r.seconds < 0.05:
+          break
+    if found is None:
+      if limit >= 16:
+        break
+      limit *= 4
+      continue
+    chosen.append(found[0])
+    left.remove(found[0])
+  print(f"\ngrown under {capacity}: {len(chosen)} of {len(sizes)} buffers fit "
+        f"({time.perf_counter() - began:.0f} s); not placed: {sorted(int(i) for i in left)}")
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("file", type=Path)
@@ -40,6 +70,8 @@ def main() -> None:
   ap.add_argument("--step", type=int, default=1)
   ap.add_argument("--time-limit", type=float, default=2.0)
   ap.add_argument("--meet", nargs="*", default=[])
+  ap.add_argument("--grow")
+  ap.add_argument("--capacity", type=int)
   args = ap.parse_args()
   sizes, starts, ends = load(args.file)
   times = np.unique(np.concatenate([starts, ends]))
@@ -68,6 +100,9 @@ def main() -> None:
     r = pack(sizes[pick], starts[pick], ends[pick], args.time_limit)
     print(f"\nbuffers meeting sections [{a}, {b}) kept whole: {int(pick.sum())} buffers, lower bound "
           f"{r.lower_bound}, packed at {r.height} in {r.seconds:.2f} s")
+  if args.grow:
+    a, b = (int(x) for x in args.grow.split(","))
+    grow(sizes, starts, ends, (lo < b) & (hi > a), args.capacity or whole.lower_bound, 1.0)
 
 
 if __name__ == "__main__":
