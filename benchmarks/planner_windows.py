@@ -31,8 +31,9 @@ from benchmarks.bench_planner import load, validate  # noqa: E402  (after the pa
 from donate import planner  # noqa: E402
 
 
-def pack(sizes, starts, ends, limit: float):
-  r = planner.assign_offsets(sizes.tolist(), starts.tolist(), ends.tolist(), time_limit=limit)
+def pack(sizes, starts, ends, limit: float, capacity: int | None = None):
+  r = planner.assign_offsets(sizes.tolist(), starts.tolist(), ends.tolist(), capacity=capacity,
+                             time_limit=limit)
   assert validate(sizes, starts, ends, r.offsets) == r.height
   return r
 
@@ -45,10 +46,8 @@ def grow(sizes, starts, ends, pick: np.ndarray, capacity: int, limit: float) -> 
     found = None
     for i in left:
       ids = np.array(chosen + [i])
-      r = planner.assign_offsets(sizes[ids].tolist(), starts[ids].tolist(), ends[ids].tolist(),
-                                 capacity=capacity, time_limit=limit)
+      r = pack(sizes[ids], starts[ids], ends[ids], limit, capacity)
       if r.height <= capacity and (found is None or r.seconds < found[1]):
-        assert validate(sizes[ids], starts[ids], ends[ids], r.offsets) == r.height
         found = (i, r.seconds)
         if r.seconds < 0.05:
           break

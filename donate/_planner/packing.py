@@ -164,9 +164,9 @@ class Packing:
 
     Returns "ok", "proof" (impossible), "aborted" (out of nodes or time) or "stuck" (not with
     this method, whatever the budget). Parts small enough are searched whole, so an exhausted
-    search is a proof (not when a wide part is searched without its smallest buffers). Larger ones re-pack the band of their buffers above some offset, on the
-    floor the buffers below it leave; when the search shows that a band cannot fit on its
-    floor, a band twice as large is tried.
+    search is a proof (not when a wide part is searched without its smallest buffers). Larger
+    ones re-pack the band of their buffers above some offset, on the floor those below it leave;
+    when a band is shown not to fit on its floor, a band twice as large is tried.
     """
     if time.perf_counter() >= self.deadline:
       return "aborted"
