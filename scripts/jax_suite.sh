@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Maintainer tool, never run in CI: runs JAX's own jit tests against donate.jit.
-# Takes tests/api_test.py and tests/pjit_test.py of a jax-ml/jax checkout at the installed jax's tag
-# (jax-vX.Y.Z), rewrites every jax.jit in them to donate.jit (scripts/jax_suite.py) into a temporary
+# Takes JAX's test files that exercise jax.jit (api, pjit, export, mutable_array, layout, shard_map,
+# memories, array, debugging_primitives; api and pjit unless files are named) of a jax-ml/jax
+# checkout at the installed jax's tag (jax-vX.Y.Z), rewrites every jax.jit in them to donate.jit (scripts/jax_suite.py) into a temporary
 # folder, and runs them with pytest under JAX's own pytest settings (warnings are errors).
 #
 # Usage: bash scripts/jax_suite.sh JAX_CHECKOUT [--plain | --self-check | --compare] [--keep] [pytest args]
@@ -57,7 +58,7 @@ else
 fi
 NAMED=0
 for a in ${ARGS[@]+"${ARGS[@]}"}; do
-  if [[ "$a" == *.py* ]] && [[ "${a%%::*}" =~ ^(api|pjit)_test\.py$ ]]; then NAMED=1; fi
+  if [[ "$a" == *.py* ]] && [[ "${a%%::*}" =~ ^[a-z_]+_test\.py$ ]]; then NAMED=1; fi
 done
 if [ "$NAMED" = 0 ]; then
   ARGS+=(api_test.py pjit_test.py)
