@@ -248,10 +248,10 @@ class DonationPlan:
     if self.collective_memory_bytes:
       lines += _wrap([f"symmetric memory: {format_bytes(self.collective_memory_bytes)} of marked "
                       "buffers (donate.planner.plan_memory packs them into pools)"])
-    lines.append(f"totals: requested {format_bytes(self.bytes_requested)}, "
+    lines.append(f"totals (global arrays): requested {format_bytes(self.bytes_requested)}, "
                  f"reused {format_bytes(self.bytes_reused)}")
     if self.memory is not None:
-      lines += _wrap([f"compiled: {_memory_text(self.memory)}"])
+      lines += _wrap([f"compiled (per device): {_memory_text(self.memory)}"])
     lines += _wrap(_copies.format_copies(self.copies, self.copy_threshold), indent="      ")
     if self.placements is not None:
       lines += _wrap(str(self.placements).splitlines(), indent="      ")
@@ -271,10 +271,10 @@ class DonationPlan:
         f"<td>{esc(d.source) if d.requested else '-'}</td>"
         f"<td><b>{d.action}</b></td><td><code>{esc(d.output or '-')}</code></td>"
         f"<td>{esc(d.reason)}</td></tr>" for d in self.decisions)
-    foot = (f"<p>requested {format_bytes(self.bytes_requested)}, "
+    foot = (f"<p>global arrays: requested {format_bytes(self.bytes_requested)}, "
             f"reused {format_bytes(self.bytes_reused)}")
     if self.memory is not None:
-      foot += f"; compiled: {_memory_text(self.memory)}"
+      foot += f"; compiled, per device: {_memory_text(self.memory)}"
     foot += "</p>" + "".join(f"<p>note: {esc(n)}</p>" for n in self.notes)
     return (f"<div><b>DonationPlan for {esc(self.function)}</b><table>"
             f"<tr>{head}</tr>{body}</table>{foot}{_copies.copies_html(self.copies)}</div>")

@@ -11,6 +11,8 @@ def test_demo_prints_the_plan_and_the_table(capsys):
   rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
   assert set(rows) >= {"donate.jit", "jax.jit(donate_argnums=(0, 1))", "jax.jit (no donation)"}
   assert "| 0 B " in rows["donate.jit"] and "0.50x" in rows["donate.jit"]  # no temporaries
+  why = [line for line in out.splitlines() if line.startswith("Why jax.jit copies:")]
+  assert len(why) == 1 and "first come, first served (a -> out[0], b -> out[1])" in why[0]
 
 
 def test_swapped_rows_come_from_the_compiled_programs():

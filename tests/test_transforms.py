@@ -159,8 +159,8 @@ DonationPlan for swapped_update: 2 input leaves, 2 outputs
       elementwise update of this input [donate_argnums]
   aliased  32 B   float32[8]  cpu:0     b -> out[0]
       updated in place (.at[].set / dynamic_update_slice / scatter) [donate_argnums]
-totals: requested 64 B, reused 64 B
-compiled: arguments 64 B, outputs 80 B, aliased 64 B, temporaries 0 B, peak 80 B"""
+totals (global arrays): requested 64 B, reused 64 B
+compiled (per device): arguments 64 B, outputs 80 B, aliased 64 B, temporaries 0 B, peak 80 B"""
   assert max(map(len, str(plan).splitlines())) <= 100
   html = plan._repr_html_()
   assert "<table>" in html and "out[1]" in html and "aliased" in html
