@@ -251,12 +251,13 @@ print("registered after clear_requirements():", symm.registered_requirements())
 # %% [markdown]
 # ## On real GPUs: H100 and B200 programs, compiled here
 #
-# This machine has no GPU, but with the `gpu-aot` extra (`pip install "donate[gpu-aot]"`: the CUDA plugin
+# This machine has no GPU, but with the `gpu-aot` extra (`pip install "jax-donate[gpu-aot]"`: the CUDA plugin
 # pair at the jaxlib version, no NVIDIA libraries) JAX builds the *real* XLA:GPU executable for an abstract
 # mesh of GPUs. `donate.targets.gpu_mesh("h100", 8, ...)` gives such a mesh (the H100 and B200 figures are
 # those XLA publishes for each GPU); arguments are `jax.ShapeDtypeStruct`s sharded on it. The first cell set
 # `jax_platforms` to `"cpu"`, so the plugin does not look for CUDA libraries. Nothing below *ran* on a GPU:
-# everything is read from the compiled programs.
+# everything is read from the compiled programs. Without the extra, the next cell says what to install and
+# the GPU cells are skipped.
 #
 # The program is a transformer block's training step (`donate._examples.block_train_step`) on a 2 x 4 mesh,
 # data parallel on `dp` and tensor (sequence) parallel on `tp`: inside `shard_map`, `all_gather` rebuilds
@@ -274,26 +275,33 @@ print("registered after clear_requirements():", symm.registered_requirements())
 from donate import _examples as examples, targets
 
 jax.config.update("jax_platforms", "cpu")  # already in effect: set before the first array existed
-print("CUDA plugin matching jaxlib installed:", targets.available())
-checks = {}
-for gpu in ("h100", "b200"):
-    gpu_mesh = targets.gpu_mesh(gpu, 8, ("dp", "tp"), shape=(2, 4))
-    args = examples.block_abstract_args(gpu_mesh, batch=16, seq=256, d_model=256, d_ff=1024)
-    checks[gpu] = symm.check_placement(examples.block_train_step(gpu_mesh), *args,
-                                       donate_argnums=(0, 1))
-    c = checks[gpu]
-    print(f"{gpu}: {gpu_mesh.devices.flat[0].device_kind}, platform {c.platform!r}, "
-          f"{c.aliases} input/output aliases (params + momentum donated)")
-check = checks["h100"]
-print("\ncompile options:", check.policy.options)
-for kind, route in check.policy.routes:
-    print(f"  annotated {kind}: {route}")
-for sentence in check.policy.placed_too:
-    print("  note:", sentence)
-print()
-print(check.report)
-records = check.report.records
-assert len(records) == 8 and all(r.placed for r in records) and len({r.instruction for r in records}) == 1
+GPU_AOT = targets.available()  # the CUDA plugin pair at jaxlib's version: the gpu-aot extra
+print("CUDA plugin matching jaxlib installed:", GPU_AOT)
+if not GPU_AOT:
+    print('Without the gpu-aot extra the GPU cells below are skipped; to run them: '
+          'pip install "jax-donate[gpu-aot]"')
+
+# %%
+if GPU_AOT:
+    checks = {}
+    for gpu in ("h100", "b200"):
+        gpu_mesh = targets.gpu_mesh(gpu, 8, ("dp", "tp"), shape=(2, 4))
+        args = examples.block_abstract_args(gpu_mesh, batch=16, seq=256, d_model=256, d_ff=1024)
+        checks[gpu] = symm.check_placement(examples.block_train_step(gpu_mesh), *args,
+                                           donate_argnums=(0, 1))
+        c = checks[gpu]
+        print(f"{gpu}: {gpu_mesh.devices.flat[0].device_kind}, platform {c.platform!r}, "
+              f"{c.aliases} input/output aliases (params + momentum donated)")
+    check = checks["h100"]
+    print("\ncompile options:", check.policy.options)
+    for kind, route in check.policy.routes:
+        print(f"  annotated {kind}: {route}")
+    for sentence in check.policy.placed_too:
+        print("  note:", sentence)
+    print()
+    print(check.report)
+    records = check.report.records
+    assert len(records) == 8 and all(r.placed for r in records) and len({r.instruction for r in records}) == 1
 
 # %% [markdown]
 # All eight annotated gradient values landed in collective memory, and XLA merged them into one
@@ -304,16 +312,17 @@ assert len(records) == 8 and all(r.placed for r in records) and len({r.instructi
 # went to collective memory too. The table of every collective in the H100 program:
 
 # %%
-import collections
+if GPU_AOT:
+    import collections
 
-rows = collections.OrderedDict()
-for name, kind, nbytes, where, annotated in check.collectives_table():
-    key = (kind, annotated, where)
-    count, total = rows.get(key, (0, 0))
-    rows[key] = (count + 1, total + nbytes)
-print(f"{'collective':20s} {'annotated':9s} {'count':>5s} {'operand bytes':>14s}  placement")
-for (kind, annotated, where), (count, total) in rows.items():
-    print(f"{kind:20s} {annotated:9s} {count:5d} {total:14d}  {where}")
+    rows = collections.OrderedDict()
+    for name, kind, nbytes, where, annotated in check.collectives_table():
+        key = (kind, annotated, where)
+        count, total = rows.get(key, (0, 0))
+        rows[key] = (count + 1, total + nbytes)
+    print(f"{'collective':20s} {'annotated':9s} {'count':>5s} {'operand bytes':>14s}  placement")
+    for (kind, annotated, where), (count, total) in rows.items():
+        print(f"{kind:20s} {annotated:9s} {count:5d} {total:14d}  {where}")
 
 # %% [markdown]
 # ### Placing only what was annotated
@@ -324,28 +333,27 @@ for (kind, annotated, where), (count, total) in rows.items():
 # all-gather's operand, on the all-reduce's, and none:
 
 # %%
-h100 = targets.gpu_mesh("h100", 8)
-v = jax.ShapeDtypeStruct((8192,), jnp.float32, sharding=NamedSharding(h100, P("x")))
+if GPU_AOT:
+    h100 = targets.gpu_mesh("h100", 8)
+    v = jax.ShapeDtypeStruct((8192,), jnp.float32, sharding=NamedSharding(h100, P("x")))
 
+    def two_collectives(mark):
+        def body(u):
+            a, b = jnp.sin(u), jnp.cos(u)
+            a = donate.with_symmetric(a, "x") if mark == "all-reduce" else a
+            b = donate.with_symmetric(b, "x") if mark == "all-gather" else b
+            return lax.psum(a, "x"), lax.all_gather(b, "x", tiled=True)
+        return jax.shard_map(body, mesh=h100, in_specs=P("x"), out_specs=(P(), P()), check_vma=False)
 
-def two_collectives(mark):
-    def body(u):
-        a, b = jnp.sin(u), jnp.cos(u)
-        a = donate.with_symmetric(a, "x") if mark == "all-reduce" else a
-        b = donate.with_symmetric(b, "x") if mark == "all-gather" else b
-        return lax.psum(a, "x"), lax.all_gather(b, "x", tiled=True)
-    return jax.shard_map(body, mesh=h100, in_specs=P("x"), out_specs=(P(), P()), check_vma=False)
-
-
-print(f"{'annotated':11s} {'compile options':60s} all-reduce   all-gather")
-for mark in ("all-gather", "all-reduce", "none"):
-    c = symm.check_placement(two_collectives(mark), v, plan=False)
-    where = {kind: w for _, kind, _, w, _ in c.collectives_table()}
-    print(f"{mark:11s} {str(c.policy.options)[:60]:60s} {where['all-reduce']:12s} {where['all-gather']}")
-try:
-    symm.configure("AllReduce")
-except donate.DonationError as e:
-    print("\nsymm.configure('AllReduce') here:", e)
+    print(f"{'annotated':11s} {'compile options':60s} all-reduce   all-gather")
+    for mark in ("all-gather", "all-reduce", "none"):
+        c = symm.check_placement(two_collectives(mark), v, plan=False)
+        where = {kind: w for _, kind, _, w, _ in c.collectives_table()}
+        print(f"{mark:11s} {str(c.policy.options)[:60]:60s} {where['all-reduce']:12s} {where['all-gather']}")
+    try:
+        symm.configure("AllReduce")
+    except donate.DonationError as e:
+        print("\nsymm.configure('AllReduce') here:", e)
 
 # %% [markdown]
 # With the all-gather annotated, one per-compile option places it and the all-reduce stays in default
@@ -364,12 +372,13 @@ except donate.DonationError as e:
 # annotated buffers of the same program (`planner.plan_memory`):
 
 # %%
-print(symm.sizing_table([checks[g].sizing(g) for g in checks]))
-for g, c in checks.items():
-    print(f"{g}: {c.memory}")
-    print(f"     planner pool: {c.planned_bytes} B for {len(c.report.records)} annotated buffers "
-          f"({c.annotated_bytes} B unpacked)")
-assert all(c.planned_bytes == 256 * 1024 < c.memory.nbytes / 30 for c in checks.values())
+if GPU_AOT:
+    print(symm.sizing_table([checks[g].sizing(g) for g in checks]))
+    for g, c in checks.items():
+        print(f"{g}: {c.memory}")
+        print(f"     planner pool: {c.planned_bytes} B for {len(c.report.records)} annotated buffers "
+              f"({c.annotated_bytes} B unpacked)")
+    assert all(c.planned_bytes == 256 * 1024 < c.memory.nbytes / 30 for c in checks.values())
 
 # %% [markdown]
 # XLA's allocation (8 to 10 MiB per GPU, depending on the jaxlib; the table gives the
@@ -380,30 +389,31 @@ assert all(c.planned_bytes == 256 * 1024 < c.memory.nbytes / 30 for c in checks.
 # default memory, and the two pool sizes, for both GPUs:
 
 # %%
-import matplotlib.pyplot as plt
+if GPU_AOT:
+    import matplotlib.pyplot as plt
 
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 1.3]})
-kinds = ["all-reduce", "all-gather", "reduce-scatter", "collective-permute"]
-width = 0.38
-for k, (g, c) in enumerate(checks.items()):
-    uses = c.report.collectives
-    ann = [sum(u.nbytes for u in uses if u.kind == kd and u.memory_space and u.annotated) for kd in kinds]
-    other = [sum(u.nbytes for u in uses if u.kind == kd and u.memory_space and not u.annotated) for kd in kinds]
-    xs = [i + (k - 0.5) * width for i in range(len(kinds))]
-    axes[0].bar(xs, [a / 2**20 for a in ann], width, label=f"{g}: annotated, S(n)", color=("C0", "C2")[k])
-    axes[0].bar(xs, [o / 2**20 for o in other], width, bottom=[a / 2**20 for a in ann],
-                label=f"{g}: un-annotated, placed too", color=("C0", "C2")[k], alpha=0.35)
-axes[0].set_xticks(range(len(kinds)), kinds)
-axes[0].set_ylabel("operand MiB per device")
-axes[0].set_title("collective operands in collective memory")
-axes[0].legend(fontsize=8)
-names = list(checks)
-axes[1].bar([0, 1], [checks[g].memory.nbytes / 2**20 for g in names], 0.38, label="XLA allocation")
-axes[1].bar([0.4, 1.4], [checks[g].planned_bytes / 2**20 for g in names], 0.38, label="planner pool")
-axes[1].set_xticks([0.2, 1.2], names)
-axes[1].set_title("collective memory per device (MiB)")
-axes[1].legend(fontsize=8)
-fig.tight_layout()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 1.3]})
+    kinds = ["all-reduce", "all-gather", "reduce-scatter", "collective-permute"]
+    width = 0.38
+    for k, (g, c) in enumerate(checks.items()):
+        uses = c.report.collectives
+        ann = [sum(u.nbytes for u in uses if u.kind == kd and u.memory_space and u.annotated) for kd in kinds]
+        other = [sum(u.nbytes for u in uses if u.kind == kd and u.memory_space and not u.annotated) for kd in kinds]
+        xs = [i + (k - 0.5) * width for i in range(len(kinds))]
+        axes[0].bar(xs, [a / 2**20 for a in ann], width, label=f"{g}: annotated, S(n)", color=("C0", "C2")[k])
+        axes[0].bar(xs, [o / 2**20 for o in other], width, bottom=[a / 2**20 for a in ann],
+                    label=f"{g}: un-annotated, placed too", color=("C0", "C2")[k], alpha=0.35)
+    axes[0].set_xticks(range(len(kinds)), kinds)
+    axes[0].set_ylabel("operand MiB per device")
+    axes[0].set_title("collective operands in collective memory")
+    axes[0].legend(fontsize=8)
+    names = list(checks)
+    axes[1].bar([0, 1], [checks[g].memory.nbytes / 2**20 for g in names], 0.38, label="XLA allocation")
+    axes[1].bar([0.4, 1.4], [checks[g].planned_bytes / 2**20 for g in names], 0.38, label="planner pool")
+    axes[1].set_xticks([0.2, 1.2], names)
+    axes[1].set_title("collective memory per device (MiB)")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
 
 # %% [markdown]
 # What is verified here, on jaxlib 0.10.2 and 0.12.0.1: the compiled H100 and B200 programs, their memory
@@ -416,11 +426,13 @@ fig.tight_layout()
 # donated parameters and momentum (`symmetric_placement=False` compiles as `jax.jit` would):
 
 # %%
-gpu_mesh = targets.gpu_mesh("h100", 8, ("dp", "tp"), shape=(2, 4))
-args = examples.block_abstract_args(gpu_mesh, batch=16, seq=256, d_model=256, d_ff=1024)
-step = donate.jit(examples.block_train_step(gpu_mesh), donate_argnums=(0, 1))
-compiled = step.lower(*args).compile()
-plan = compiled.plan
-print(plan.placements)
-print(f"aliased: {sum(d.action == 'aliased' for d in plan.decisions)} of {len(plan.decisions)} "
-      f"input leaves, {plan.bytes_reused / 2**20:.1f} MiB reused per device step")
+if GPU_AOT:
+    gpu_mesh = targets.gpu_mesh("h100", 8, ("dp", "tp"), shape=(2, 4))
+    args = examples.block_abstract_args(gpu_mesh, batch=16, seq=256, d_model=256, d_ff=1024)
+    step = donate.jit(examples.block_train_step(gpu_mesh), donate_argnums=(0, 1))
+    compiled = step.lower(*args).compile()
+    plan = compiled.plan
+    print(plan.placements)
+    print(f"aliased: {sum(d.action == 'aliased' for d in plan.decisions)} of {len(plan.decisions)} "
+          f"input leaves, {plan.bytes_reused / 2**20:.1f} MiB of global arrays reused, "
+          f"{plan.memory.alias / 2**20:.1f} MiB aliased per device")

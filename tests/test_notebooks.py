@@ -2,9 +2,9 @@
 
 The sources are notebooks/*.py (jupytext percent format); tests/test_structure.py checks that the
 committed .ipynb and docs/notebooks/*.html match them. Each runs as `scripts/notebooks.py` runs it
-when it writes the .ipynb: in a new "python3" kernel working in notebooks/, importing this checkout's
-`donate` (PYTHONPATH points at the repository root, which also works when the package is installed
-with `pip install -e .`). Nothing is written. The cells check the facts their text states, so a
+when it writes the .ipynb: in a new "python3" kernel working in notebooks/, importing the `donate`
+the tests import (this checkout's, put first on PYTHONPATH, or the installed wheel's when
+`scripts/wheel.sh` runs the tests against it). Nothing is written. The cells check the facts their text states, so a
 notebook whose text has become false fails here.
 """
 
@@ -37,3 +37,18 @@ def test_notebook_runs_top_to_bottom(source):
   assert executed and all(c.execution_count is not None for c in executed)
   errors = [o for c in executed for o in c.get("outputs", []) if o.get("output_type") == "error"]
   assert not errors, errors
+
+
+def test_notebook_03_without_the_gpu_aot_extra_says_what_to_install_and_skips_its_gpu_cells():
+  nbformat = pytest.importorskip("nbformat")
+  source = next(s for s in notebook_tool.sources() if s.name.startswith("03_"))
+  nb = notebook_tool.read_source(source)
+  at = next(i for i, c in enumerate(nb.cells) if "GPU_AOT = targets.available()" in c.source)
+  nb.cells.insert(at, nbformat.v4.new_code_cell(
+      "from donate import targets\ntargets.available = lambda: False  # as without the extra"))
+  notebook_tool.execute(nb)
+  said = [o.get("text", "") for o in nb.cells[at + 1].outputs]
+  assert any('pip install "jax-donate[gpu-aot]"' in text for text in said), said
+  gpu_cells = [c for c in nb.cells[at + 2:] if c.cell_type == "code"]
+  assert len(gpu_cells) >= 5 and all(c.source.startswith("if GPU_AOT:") for c in gpu_cells)
+  assert not [o for c in gpu_cells for o in c.outputs]  # skipped: nothing ran, nothing failed
