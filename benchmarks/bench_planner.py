@@ -9,8 +9,8 @@ Every table minimises the height (no capacity) under a time limit per instance (
 and every answer is checked by an overlap validator written here. Ratios are against the lower
 bound (the most bytes live at one moment) and, for XLA's programs, against XLA's own packing.
 
-1. MiniMalloc "challenging" (``DIR/minimalloc/challenging``, by default ``../shared/planner-bench``
-   beside the repository): 11 instances of 150-450 buffers, capacity 1048576 in the paper.
+1. MiniMalloc "challenging" (``DIR/minimalloc/challenging``, by default the repository's copy in
+   ``tests/data/planner-bench``): 11 instances of 150-450 buffers, capacity 1048576 in the paper.
 2. Compiler traces (``--traces``: CSV files or folders of them, same format), e.g. ResNet-50 and
    PanGu-2.6B from MindSpore's SOMAS and three auto-sharding search traces (``G_1``, ``S_1``,
    ``Y_1``) from the idealloc repository's ``benchmarks/`` folder. Each runs in a child process
@@ -46,7 +46,7 @@ FILES = tuple("ABCDEFGHIJK")
 
 
 def default_data() -> Path:
-  return HERE.parents[1] / "shared" / "planner-bench"
+  return HERE.parent / "tests" / "data" / "planner-bench"
 
 
 def load(path: Path):

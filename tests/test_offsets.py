@@ -25,7 +25,7 @@ from donate._errors import DonationError
 from donate._planner import packing, search
 from donate._planner.offsets import OffsetAssignment, assign_offsets
 
-BENCH = Path(__file__).resolve().parents[2] / "shared" / "planner-bench" / "minimalloc"
+BENCH = Path(__file__).resolve().parent / "data" / "planner-bench" / "minimalloc"  # see SOURCE.md
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -240,8 +240,6 @@ def test_search_needs_no_deep_recursion():
   # A tight capacity makes the search place all 454 buffers of K one below the other: with a
   # recursion limit only a little above the current depth, a recursive search would fail.
   path = BENCH / "challenging" / "K.1048576.csv"
-  if not path.exists():
-    pytest.skip(f"{path} not found")
   sizes, starts, ends = load(path)
   old = sys.getrecursionlimit()
   sys.setrecursionlimit(len(inspect.stack()) + 80)
@@ -260,8 +258,6 @@ def test_search_needs_no_deep_recursion():
 
 def test_minimalloc_example_fits_in_12():
   path = BENCH / "examples" / "input.12.csv"
-  if not path.exists():
-    pytest.skip(f"{path} not found")
   sizes, starts, ends = load(path)
   result = assign_offsets(sizes, starts, ends, capacity=12)
   check(result, sizes, starts, ends)
@@ -272,8 +268,6 @@ def test_minimalloc_example_fits_in_12():
 @pytest.mark.parametrize("name", ["B", "C"])
 def test_challenging_files_reach_their_lower_bound_without_a_capacity(name):
   path = BENCH / "challenging" / f"{name}.1048576.csv"
-  if not path.exists():
-    pytest.skip(f"{path} not found")
   sizes, starts, ends = load(path)
   result = assign_offsets(sizes, starts, ends, time_limit=30)
   check(result, sizes, starts, ends)
@@ -290,8 +284,6 @@ def fourteen_a(tiny: int = 0):
   """Fourteen copies of MiniMalloc A side by side in time, tied together by one small buffer
   live throughout (one part of 2157 buffers), and ``tiny`` 64-byte buffers here and there."""
   path = BENCH / "challenging" / "A.1048576.csv"
-  if not path.exists():
-    pytest.skip(f"{path} not found")
   sizes, starts, ends = load(path)
   span, k = max(ends), 14
   rng = np.random.default_rng(0)
@@ -363,7 +355,7 @@ def run_limited(code: str) -> str:
   """Runs ``code`` in a fresh process whose address space may grow by at most 1 GiB once the
   engine is imported; returns what it printed."""
   out = subprocess.run([sys.executable, "-c", LIMITED.format(tests=str(ROOT / "tests")) + code],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+                       capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout
 
