@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from donate import _hlo_dump  # noqa: E402  (after the path tweak)
+from donate._profile import reading  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,12 +84,10 @@ def read(prefix: str) -> Packing:
       missing.append(name)
     elif value_size:
       start, end = ranges[key]
-      rows.append([offset, offset + value_size, start, end + 1])  # XLA's ends are inclusive
+      rows.append([offset, offset + value_size, start, end + 1, []])  # XLA's ends: inclusive
   if missing:
     raise ValueError(f"no live range for {len(missing)} values, e.g. {missing[:3]}")
-  count, groups = len(rows), _shared(rows)
-  while len(groups) < len(rows):  # a merged buffer may now meet a third value: again
-    rows, groups = groups, _shared(groups)
+  count, groups = len(rows), reading.merge_overlapping(rows)  # the profile's buffers too
   groups.sort(key=lambda g: (g[2], g[0]))
   return Packing(Path(prefix).name, tuple(g[1] - g[0] for g in groups),
                  tuple(g[2] for g in groups), tuple(g[3] for g in groups),
@@ -102,36 +101,6 @@ def _temp_allocation(text: str):
     raise ValueError("the module has no preallocated temp allocation")
   largest = max(temps, key=lambda a: a.size)
   return largest.size, largest.values
-
-
-def _shared(rows: list[list[int]]) -> list[list[int]]:
-  """Merges values that overlap both in bytes and in time into one buffer covering them all.
-
-  Each row is ``[low, high, start, end)``; a sweep by low byte finds the overlapping pairs among
-  the values whose byte ranges intersect, and a union-find merges them.
-  """
-  parent = list(range(len(rows)))
-
-  def root(i):
-    while parent[i] != i:
-      parent[i] = parent[parent[i]]
-      i = parent[i]
-    return i
-
-  order = sorted(range(len(rows)), key=lambda i: rows[i][0])
-  active: list[int] = []
-  for i in order:
-    low, high, start, end = rows[i]
-    active = [j for j in active if rows[j][1] > low]
-    for j in active:
-      if rows[j][2] < end and start < rows[j][3]:
-        parent[root(i)] = root(j)
-    active.append(i)
-  merged: dict[int, list[int]] = {}
-  for i, (low, high, start, end) in enumerate(rows):
-    g = merged.setdefault(root(i), [low, high, start, end])
-    g[0], g[1], g[2], g[3] = min(g[0], low), max(g[1], high), min(g[2], start), max(g[3], end)
-  return list(merged.values())
 
 
 def main(argv=None) -> int:

@@ -8,6 +8,8 @@ from donate._errors import UnusableDonationWarning as UnusableDonationWarning
 from donate._donation_plan import DonationPlan as DonationPlan
 from donate._donation_plan import LeafDecision as LeafDecision
 from donate._donation_plan import MemoryStats as MemoryStats
+from donate._profile import MemoryProfile as MemoryProfile
+from donate._profile import memory_profile as memory_profile
 from donate.symm import requires_symmetric as requires_symmetric
 from donate.symm import symmetric_memory as symmetric_memory
 from donate.symm import with_symmetric as with_symmetric
@@ -21,12 +23,14 @@ __all__ = [
     "DonationError",
     "DonationPlan",
     "LeafDecision",
+    "MemoryProfile",
     "MemoryStats",
     "SymmetricMemoryWarning",
     "UnusableDonationWarning",
     "alias",
     "donate_buffer",
     "jit",
+    "memory_profile",
     "planner",
     "requires_symmetric",
     "symmetric_memory",

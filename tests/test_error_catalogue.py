@@ -255,6 +255,11 @@ TRIGGERS = {
     "offsets-time-limit": lambda: planner.assign_offsets([8], [0], [1], time_limit=-1),
     "offsets-not-sequence": lambda: planner.assign_offsets(8, [0], [1]),
     "offsets-not-int": lambda: planner.assign_offsets([1.5], [0], [1]),
+    # memory profiles
+    "profile-not-jitted": lambda: donate.memory_profile(lambda x: x, 1.0),
+    "profile-no-buffer-assignment": lambda: donate.memory_profile(
+        jax.jit(jnp.sin).lower(arr()).compile()),
+    "profile-unknown-device": lambda: donate.memory_profile(jax.jit(jnp.sin), arr()).fits("a100"),
 }
 
 ROWS = parse_catalogue()

@@ -1,0 +1,146 @@
+"""`memory_profile(jitted, *args, **kwargs)`: compile with XLA's dump of the buffer assignment,
+read it, and name every buffer in the user's terms.
+
+XLA writes its buffer assignment and live ranges only when asked to (`xla_dump_to`, a per-compile
+option, so nothing else in the process changes): the program is compiled once with that option
+into a temporary folder, which is read and removed. The compiled program is the same one (the
+dump options change what XLA writes, not what it compiles); `Compiled.memory_profile()` compiles
+its lowered program again that way.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import tempfile
+
+import jax
+from jax import tree_util
+
+from donate import _hlo
+from donate._profile import errors
+from donate._profile import reading
+from donate._profile.assemble import assemble
+from donate._profile.profile import MemoryProfile
+
+DUMP_OPTIONS = {"xla_dump_hlo_as_text": True}
+
+
+def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
+  """Where the memory of a compiled step goes, per device, from XLA's own buffer assignment.
+
+  Args:
+    jitted: a `jax.jit` or `donate.jit` function (then `args`/`kwargs` are its call arguments,
+      arrays or `jax.ShapeDtypeStruct`s, as for `.lower`), a `Lowered` of one, or a
+      `donate.jit` `Compiled`.
+    *args, **kwargs: the call arguments.
+
+  Returns:
+    A `donate.MemoryProfile`.
+
+  Raises:
+    DonationError: `jitted` cannot be lowered, or is a `jax.stages.Compiled` alone (it keeps no
+      buffer assignment to read). A function that does not trace or compile raises JAX's error.
+
+  >>> import jax, jax.numpy as jnp, donate
+  >>> def f(x):
+  ...   y = jnp.exp(x)          # a 4 MiB temporary beside the donated buffer
+  ...   return y + y.sum()
+  >>> p = donate.memory_profile(jax.jit(f, donate_argnums=0), jnp.ones(2**20))
+  >>> p.temp_bytes >= 2**22, p.alias_bytes
+  (True, 4194304)
+  >>> [e.kind for e in p.at_peak][:2]
+  ['argument', 'temporary']
+  """
+  if hasattr(jitted, "_prep") and hasattr(jitted, "memory_profile"):
+    return jitted.memory_profile()
+  if isinstance(jitted, jax.stages.Compiled):
+    errors.no_buffer_assignment(jitted, "a jax.stages.Compiled keeps neither (nor its lowered "
+                                "program to compile again)")
+  if isinstance(jitted, jax.stages.Lowered) or _is_donate_lowered(jitted):
+    lowered = jitted
+  elif callable(getattr(jitted, "lower", None)):
+    lowered = jitted.lower(*args, **kwargs)
+  else:
+    errors.not_a_jitted_function(jitted)
+  return profile_of_lowered(lowered, signature=_signature(jitted))
+
+
+def _is_donate_lowered(obj) -> bool:
+  return hasattr(obj, "_prep") and callable(getattr(obj, "compile", None)) and hasattr(
+      obj, "as_text") and not hasattr(obj, "memory_analysis")
+
+
+def _signature(fn):
+  try:
+    return inspect.signature(fn)
+  except (TypeError, ValueError):
+    return None
+
+
+def signature_of(function) -> inspect.Signature | None:
+  """The signature of a `donate.jit` function's user function (for `donate_argnums` advice)."""
+  return _signature(getattr(function, "fun", function))
+
+
+def profile_of_lowered(lowered, compiler_options=None, signature=None):
+  """Compiles `lowered` with a buffer-assignment dump and profiles the result.
+
+  With `xla_dump_to` among `compiler_options` the dump is written there and kept.
+  """
+  given = (compiler_options or {}).get("xla_dump_to")  # kept: the caller reads it too
+  folder = given or tempfile.mkdtemp(prefix="donate-profile-")
+  try:
+    options = {**(compiler_options or {}), **DUMP_OPTIONS, "xla_dump_to": folder}
+    compiled = lowered.compile(compiler_options=options)
+    module = _hlo.parse_module(compiled.as_text())
+    try:
+      dump = reading.read_dump(folder, module.name)
+    except FileNotFoundError:
+      errors.no_buffer_assignment(compiled, "XLA wrote no buffer assignment for it")
+    if dump.hlo_text is not None:
+      module = _hlo.parse_module(dump.hlo_text)
+  finally:
+    if not given:
+      shutil.rmtree(folder, ignore_errors=True)
+  return _profile(compiled, dump, module, signature)
+
+
+def _profile(compiled, dump, module, signature) -> MemoryProfile:
+  stats = compiled.memory_analysis()
+  prep = getattr(compiled, "_prep", None)
+  names = _donate_names(compiled, prep) if prep is not None else _jax_names(compiled, module)
+  name = getattr(getattr(prep, "fn", None), "name", None) or module.name.removeprefix("jit_")
+  return assemble(dump, module, stats, function=name, platform=dump.platform,
+                  signature=signature, **names)
+
+
+def _jax_names(compiled, module) -> dict:
+  """Paths, donations and shardings of a `jax.jit` program, where they line up with its HLO."""
+  params = [i for i in module.entry.instructions if i.parameter_number is not None]
+  out = {"out_paths": None, "donated": (), "in_shardings": None, "out_shardings": None}
+  try:
+    flat, _ = tree_util.tree_flatten_with_path(compiled.out_info)
+    out["out_paths"] = ["out" + tree_util.keystr(p) for p, _ in flat]
+    infos = tree_util.tree_leaves(compiled.args_info)
+    if len(infos) == len(params):
+      out["donated"] = tuple(k for k, a in enumerate(infos) if a.donated)
+      out["in_shardings"] = tree_util.tree_leaves(compiled.input_shardings)
+    out["out_shardings"] = tree_util.tree_leaves(compiled.output_shardings)
+  except (AttributeError, TypeError, ValueError):
+    pass
+  return out
+
+
+def _donate_names(compiled, prep) -> dict:
+  """Paths of a `donate.jit` program: its parameters as the plan's leaves, its outputs as the
+  user's output leaves (the re-laid-out program returns them in its own order)."""
+  plan = compiled.plan
+  user = [o.path for o in plan.outputs]
+  order = None if prep.native or prep.inner is None else prep.inner.out_order
+  out_paths = [user[j] for j in order] if order is not None else user
+  consumed = {i for i, d in enumerate(plan.decisions) if d.requested}
+  in_paths = list(prep.in_paths or [])
+  donated = tuple(k for k, p in enumerate(in_paths)
+                  if any(plan.decisions[i].path == p for i in consumed))
+  return {"in_paths": in_paths or None, "out_paths": out_paths, "donated": donated}

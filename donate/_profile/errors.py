@@ -1,0 +1,31 @@
+"""The errors of `donate.memory_profile` (listed in docs/errors.md)."""
+
+from __future__ import annotations
+
+from donate._errors import DonationError
+from donate._errors import message
+from donate._gpu_targets import SPECS
+
+
+def unknown_device(device):
+  """`profile.fits(device)` with a device that is neither a known GPU nor a byte count."""
+  raise DonationError(message(
+      "fits needs a device", expected="one of " + ", ".join(sorted(SPECS))
+      + " or a byte count > 0", got=repr(device)))
+
+
+def no_buffer_assignment(obj, missing: str):
+  """A compiled object whose buffer assignment cannot be read (`missing` says what is not there)."""
+  raise DonationError(message(
+      f"memory_profile reads XLA's buffer assignment and live ranges of a compiled program, and "
+      f"{missing}", got=type(obj).__name__,
+      fix="pass the jax.jit or donate.jit function with its arguments "
+      "(donate.memory_profile(f, *args)), its Lowered, or a donate.jit Compiled"))
+
+
+def not_a_jitted_function(obj):
+  """`memory_profile(f)` where `f` cannot be lowered."""
+  raise DonationError(message(
+      "memory_profile needs a compiled step", expected="a jax.jit or donate.jit function (with "
+      "its arguments), a Lowered or a Compiled", got=type(obj).__name__,
+      fix="wrap the function: donate.memory_profile(jax.jit(f), *args)"))

@@ -1,0 +1,233 @@
+"""The data of a memory profile: entries at the peak, the timeline, groups, comparisons, fits.
+
+Everything here is frozen data with its own text; `MemoryProfile` (the user-facing class) puts
+them together. Sizes are per device, in bytes, as XLA assigned them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from donate._gpu_targets import SPECS
+from donate._text import format_bytes
+
+KINDS = ("argument", "output", "temporary", "copy", "loop carry", "collective")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+  """One buffer live at the peak.
+
+  Attributes:
+    bytes: its size (per device).
+    kind: "argument", "output", "temporary", "copy" (a copy XLA added), "loop carry" (a loop's
+      state) or "collective" (in collective memory).
+    value: the HLO value (instruction name, with its tuple index for a part of a tuple).
+    shape: its HLO shape, e.g. `f32[1024,512]`.
+    source: the user's `file:line` that made it (for a copy or a carry: what it copies or
+      carries), or None.
+    path: the pytree path of an argument or output leaf, or None.
+    scope: the JAX name stack (`jit(step)/layer/mlp/dot_general`), or None.
+    live: the schedule steps `[start, end)` it is live.
+    aliased: an argument an output reuses (a donation XLA made).
+    output: for an aliased argument, the output that reuses it.
+    index: the entry parameter or output number, for arguments and outputs.
+  """
+  bytes: int
+  kind: str
+  value: str
+  shape: str
+  source: str | None
+  path: str | None
+  scope: str | None
+  live: tuple[int, int]
+  aliased: bool = False
+  output: str | None = None
+  index: int | None = None
+
+  @property
+  def attributed(self) -> bool:
+    """True when the buffer has a source line or a pytree path."""
+    return self.source is not None or self.path is not None
+
+  @property
+  def owner(self) -> str:
+    """The path, else the source line, else the value: how the text names the buffer."""
+    return self.path or self.source or self.value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+  """Bytes live at one step of the schedule, by kind (aliased: arguments an output reuses)."""
+  index: int
+  instruction: str
+  arguments: int
+  outputs: int
+  aliased: int
+  temporaries: int
+  collective: int
+
+  @property
+  def total(self) -> int:
+    return self.arguments + self.outputs + self.aliased + self.temporaries + self.collective
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timeline(Sequence):
+  """The program's schedule, one `Step` per instruction (built on access: programs are long)."""
+  instructions: tuple[str, ...]
+  arguments: int
+  outputs: int
+  aliased: int
+  temporaries: tuple[int, ...]
+  collective: tuple[int, ...]
+
+  def __len__(self) -> int:
+    return len(self.temporaries)
+
+  def __getitem__(self, t):
+    if isinstance(t, slice):
+      return [self[k] for k in range(*t.indices(len(self)))]
+    t = range(len(self))[t]
+    name = self.instructions[t] if t < len(self.instructions) else "?"
+    return Step(t, name, self.arguments, self.outputs, self.aliased, self.temporaries[t],
+                self.collective[t])
+
+  def totals(self) -> list[int]:
+    """The total bytes at every step."""
+    fixed = self.arguments + self.outputs + self.aliased
+    return [fixed + a + b for a, b in zip(self.temporaries, self.collective)]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Group:
+  """Bytes at the peak that share a key (a source line, a scope), largest first."""
+  key: str
+  bytes: int
+  count: int
+  kinds: tuple[str, ...]
+
+  def __str__(self) -> str:
+    return f"{self.key}: {format_bytes(self.bytes)} at the peak ({self.count} buffers)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Suggestion:
+  """An input not donated whose buffer an output of the same shape, dtype and sharding could
+  reuse: donating it lowers the peak by `bytes` (unless XLA then needs a copy)."""
+  path: str
+  output: str
+  bytes: int
+  argnum: int | None
+  argname: str
+
+  @property
+  def keyword(self) -> str:
+    """What to write: `donate_argnums=N` (or `donate_argnames='name'` without a position)."""
+    if self.argnum is not None:
+      return f"donate_argnums={self.argnum}"
+    return f"donate_argnames={self.argname!r}"
+
+  def __str__(self) -> str:
+    return (f"donate {self.path} ({self.keyword}): {self.output} can reuse it, "
+            f"-{format_bytes(self.bytes)} at the peak")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fit:
+  """Whether a program's memory fits a device; truthy when it does.
+
+  `needed` is what XLA allocates while the program runs (arguments + outputs - aliased +
+  temporaries); `headroom` is what is left (negative: missing).
+  """
+  device: str
+  capacity: int
+  needed: int
+
+  @property
+  def headroom(self) -> int:
+    return self.capacity - self.needed
+
+  def __bool__(self) -> bool:
+    return self.needed <= self.capacity
+
+  def __str__(self) -> str:
+    verdict = "fits" if self else "does not fit"
+    return (f"{verdict} on {self.device} ({format_bytes(self.capacity)}): needs "
+            f"{format_bytes(self.needed)}, headroom {format_bytes(self.headroom)}")
+
+
+def capacity_of(device) -> tuple[str, int]:
+  """(name, bytes) of a device: a GPU name of `donate.targets.gpu_names()` or a byte count.
+
+  Raises:
+    ValueError: neither a known GPU nor a positive int (the caller words the error).
+  """
+  if isinstance(device, int) and not isinstance(device, bool) and device > 0:
+    return format_bytes(device), device
+  spec = SPECS.get(str(device).lower())
+  if spec is None:
+    raise ValueError(device)
+  return spec.name, spec.device_memory_size
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Change:
+  """One key's bytes at the peak in two profiles."""
+  key: str
+  before: int
+  after: int
+
+  @property
+  def delta(self) -> int:
+    return self.after - self.before
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Comparison:
+  """Two profiles' peaks lined up by source line (or path) and by scope: what grew."""
+  before_peak: int
+  after_peak: int
+  by_source: tuple[Change, ...]
+  by_scope: tuple[Change, ...]
+
+  @property
+  def delta(self) -> int:
+    return self.after_peak - self.before_peak
+
+  def grew(self) -> list[Change]:
+    """The source lines (or paths) with more bytes at the peak after, largest growth first."""
+    return [c for c in self.by_source if c.delta > 0]
+
+  def __str__(self) -> str:
+    lines = [f"peak {format_bytes(self.before_peak)} -> {format_bytes(self.after_peak)} "
+             f"({'+' if self.delta >= 0 else ''}{format_bytes(self.delta)})"]
+    for title, rows in (("by source line", self.by_source), ("by scope", self.by_scope)):
+      changed = [c for c in rows if c.delta][:10]
+      if changed:
+        lines.append(f"  {title}:")
+        lines += [f"    {'+' if c.delta > 0 else ''}{format_bytes(c.delta):>10}  "
+                  f"{_clip(c.key, 80)}" for c in changed]
+    return "\n".join(lines)
+
+
+def _clip(text: str, width: int) -> str:
+  return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def group(entries, key) -> tuple[Group, ...]:
+  """Entries grouped by `key(entry)`, largest total first."""
+  found: dict[str, list] = {}
+  for e in entries:
+    found.setdefault(key(e), []).append(e)
+  groups = [Group(k, sum(e.bytes for e in es), len(es), tuple(sorted({e.kind for e in es})))
+            for k, es in found.items()]
+  return tuple(sorted(groups, key=lambda g: (-g.bytes, g.key)))
+
+
+def changes(before: Sequence[Group], after: Sequence[Group]) -> tuple[Change, ...]:
+  """Keys of two groupings lined up, largest change first."""
+  a, b = {g.key: g.bytes for g in before}, {g.key: g.bytes for g in after}
+  rows = [Change(k, a.get(k, 0), b.get(k, 0)) for k in {**a, **b}]
+  return tuple(sorted(rows, key=lambda c: (-abs(c.delta), c.key)))

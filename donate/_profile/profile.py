@@ -1,0 +1,152 @@
+"""`MemoryProfile`: where the memory of one compiled program goes, from XLA's buffer assignment."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from donate._profile import model
+from donate._profile import views
+from donate._profile.model import Entry
+from donate._profile.model import Suggestion
+from donate._profile.model import Timeline
+
+
+def _source_key(e: Entry) -> str:
+  return e.source or (f"({e.kind}) {e.path}" if e.path else f"({e.kind}) {e.value}")
+
+
+def _scope_key(e: Entry) -> str:
+  from donate._profile.naming import group_scope
+  if e.kind in ("argument", "output") and e.path is not None:
+    return f"({e.kind}s)"
+  return group_scope(e.scope) or f"({e.kind}, no scope)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, repr=False)
+class MemoryProfile:
+  """Where the memory of one compiled program goes, per device, from XLA's buffer assignment.
+
+  The argument, output, aliased and temporary figures are XLA's allocations, summed as
+  `memory_analysis()` sums them (equal byte for byte). The `timeline` has one step per
+  instruction of XLA's schedule: arguments, outputs and aliased buffers are allocated for the
+  whole program, temporaries (and collective memory) as XLA's live ranges say. `peak_bytes` is
+  its highest point, `at_peak` every buffer live there, largest first. `explain()` says in words
+  what XLA's own figures count and why they differ.
+
+  >>> import jax, jax.numpy as jnp, donate
+  >>> def step(w, x):
+  ...   h = jnp.tanh(x @ w)          # a temporary
+  ...   return w - 0.1 * (x.T @ h)   # same shape as w: could reuse w's buffer
+  >>> p = donate.memory_profile(jax.jit(step), jnp.ones((256, 256)), jnp.ones((256, 256)))
+  >>> p.argument_bytes == p.memory_analysis_figures()["argument"], p.peak_bytes <= p.reserved_bytes
+  (True, True)
+  >>> [(s.path, s.keyword) for s in p.could_donate]
+  [('w', 'donate_argnums=0')]
+  >>> bool(p.fits("h100")), p.attributed_fraction() >= 0.95
+  (True, True)
+  """
+  function: str
+  platform: str
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: int
+  xla_peak_bytes: int | None
+  timeline: Timeline
+  peak_step: int
+  at_peak: tuple[Entry, ...]
+  could_donate: tuple[Suggestion, ...]
+
+  @property
+  def peak_bytes(self) -> int:
+    """The timeline's highest point: arguments, outputs and the temporaries live at the peak."""
+    return self.timeline[self.peak_step].total
+
+  @property
+  def reserved_bytes(self) -> int:
+    """Arguments + outputs - aliased + temporaries: what XLA allocates while the program runs
+    (its temporaries are one block, sized for the most it packs at once, gaps included)."""
+    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+  @property
+  def free_at_peak_bytes(self) -> int:
+    """Bytes of the temp block not live at the peak (alignment, gaps XLA's packing leaves)."""
+    step = self.timeline[self.peak_step]
+    return self.temp_bytes - step.temporaries - step.collective
+
+  @property
+  def donation_saved_bytes(self) -> int:
+    """Bytes of the arguments outputs reuse: without those donations the peak would be that
+    much higher (each output would need a buffer of its own)."""
+    return self.alias_bytes
+
+  @property
+  def peak_instruction(self) -> str:
+    return self.timeline[self.peak_step].instruction
+
+  def memory_analysis_figures(self) -> dict[str, int]:
+    """The profile's figures under `memory_analysis()`'s names (without `_size_in_bytes`)."""
+    return {"argument": self.argument_bytes, "output": self.output_bytes,
+            "alias": self.alias_bytes, "temp": self.temp_bytes}
+
+  def attributed_fraction(self) -> float:
+    """The share of the bytes at the peak that carry a source line or a pytree path."""
+    total = sum(e.bytes for e in self.at_peak)
+    return sum(e.bytes for e in self.at_peak if e.attributed) / total if total else 1.0
+
+  def by_source(self) -> tuple[model.Group, ...]:
+    """The bytes at the peak grouped by the user's source line (arguments and outputs without
+    one by their path), largest first."""
+    return model.group(self.at_peak, _source_key)
+
+  def by_scope(self) -> tuple[model.Group, ...]:
+    """The bytes at the peak grouped by JAX name-stack scope (the `op_name` without its
+    primitive; arguments and outputs as `(arguments)`, `(outputs)`), largest first."""
+    return model.group(self.at_peak, _scope_key)
+
+  def compare(self, other: "MemoryProfile") -> model.Comparison:
+    """Lines up this profile's peak (before) with `other`'s (after) by source line and scope.
+
+    `.grew()` lists the source lines with more bytes at the peak in `other`; `str()` prints the
+    changes.
+    """
+    return model.Comparison(self.peak_bytes, other.peak_bytes,
+                            model.changes(self.by_source(), other.by_source()),
+                            model.changes(self.by_scope(), other.by_scope()))
+
+  def fits(self, device) -> model.Fit:
+    """Whether the program fits `device`: `"h100"`, `"b200"` or a byte count.
+
+    The bytes needed are `reserved_bytes` (XLA allocates its temporaries as one block), per
+    device. The result is truthy when it fits; `.headroom` is the bytes left.
+
+    Raises:
+      DonationError: an unknown device name (the message lists the known ones).
+    """
+    from donate._profile import errors
+    try:
+      name, capacity = model.capacity_of(device)
+    except ValueError:
+      errors.unknown_device(device)
+    return model.Fit(name, capacity, max(self.reserved_bytes, self.peak_bytes))
+
+  def explain(self) -> str:
+    """What XLA's figures count, and why they differ for this program, in words."""
+    return views.explain(self)
+
+  def __str__(self) -> str:
+    return views.text(self)
+
+  def __repr__(self) -> str:
+    return (f"<MemoryProfile of {self.function}: peak {views.size(self.peak_bytes)}, "
+            f"{len(self.at_peak)} buffers at the peak>")
+
+  def _repr_html_(self) -> str:
+    return views.html(self)
+
+  def plot(self, ax=None):
+    """The timeline as stacked areas with the peak marked, and the peak by scope as bars.
+
+    Needs matplotlib. Returns the matplotlib figure.
+    """
+    return views.plot(self, ax)

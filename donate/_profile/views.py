@@ -1,0 +1,151 @@
+"""A memory profile as text (at most 100 columns), HTML for notebooks, words and a plot."""
+
+from __future__ import annotations
+
+import html as _html
+
+from donate._text import format_bytes
+
+WIDTH = 100
+_ROWS = 12
+
+
+def size(n: int) -> str:
+  return format_bytes(n)
+
+
+def _clip(text: str | None, width: int) -> str:
+  text = text or "-"
+  return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def explain(p) -> str:
+  """XLA's figures for `p`'s program, what each counts, and why they differ, in words."""
+  fixed = p.argument_bytes + p.output_bytes - p.alias_bytes
+  step = p.timeline[p.peak_step]
+  in_use = step.temporaries + step.collective
+  lines = [
+      f"arguments {size(p.argument_bytes)} + outputs {size(p.output_bytes)} - aliased "
+      f"{size(p.alias_bytes)} + temporaries {size(p.temp_bytes)} = {size(p.reserved_bytes)}: "
+      "what XLA allocates while the program runs (its temporaries are one block, sized for the "
+      "most its packing holds at once).",
+      f"peak_bytes {size(p.peak_bytes)}: the timeline's highest point, at step {p.peak_step} "
+      f"({p.peak_instruction}): the arguments and outputs (allocated for the whole program, an "
+      f"aliased pair once: {size(fixed)}) plus the {size(in_use)} of temporaries live there.",
+  ]
+  gap = p.free_at_peak_bytes
+  if gap > 0:
+    lines.append(f"The temp block is {size(gap)} larger than what is live at the peak: bytes "
+                 "XLA's packing leaves free there (alignment and gaps between buffers).")
+  if p.xla_peak_bytes is not None:
+    lines.append(_xla_peak(p, fixed))
+  return "\n".join(lines)
+
+
+def _xla_peak(p, fixed: int) -> str:
+  extra = p.xla_peak_bytes - fixed
+  head = f"memory_analysis().peak_memory_in_bytes {size(p.xla_peak_bytes)}: "
+  if extra == 0:
+    return head + ("the allocations that live for the whole program (arguments and outputs, an "
+                   "aliased pair once) and none of the temporaries: this backend's buffer "
+                   "assignment keeps no heap trace for XLA to add them from.")
+  if extra == p.temp_bytes:
+    return head + ("arguments + outputs - aliased + the whole temp block, as above; peak_bytes "
+                   "is lower by the bytes of the block not live at the peak"
+                   + (f" ({size(p.free_at_peak_bytes)})." if p.free_at_peak_bytes else " (none)."))
+  return head + (f"the allocations that live for the whole program ({size(fixed)}) plus "
+                 f"{size(extra)} of temporaries from XLA's heap trace.")
+
+
+def _table(p) -> list[str]:
+  head = f"{'bytes':>10}  {'kind':<10}  {'owner (path or source line)':<44}  scope"
+  lines = [head, "-" * min(WIDTH - 2, len(head) + 24)]
+  for e in p.at_peak[:_ROWS]:
+    owner = e.path or e.source or e.value
+    if e.aliased and e.output:
+      owner = f"{owner} -> {e.output}"
+    lines.append(f"{size(e.bytes):>10}  {e.kind:<10}  {_clip(owner, 44):<44}  "
+                 f"{_clip(e.scope, WIDTH - 72)}")
+  rest = p.at_peak[_ROWS:]
+  if rest:
+    lines.append(f"{size(sum(e.bytes for e in rest)):>10}  ({len(rest)} more buffers)")
+  return lines
+
+
+def text(p) -> str:
+  """The profile as text: totals, the peak's buffers, groups by scope, advice, XLA's figures."""
+  lines = [_clip(f"memory profile of {p.function} ({p.platform}, per device)", WIDTH),
+           f"  peak {size(p.peak_bytes)} at step {p.peak_step} of {len(p.timeline)}, "
+           f"{size(p.reserved_bytes)} allocated",
+           f"  arguments {size(p.argument_bytes)}, outputs {size(p.output_bytes)}, aliased "
+           f"{size(p.alias_bytes)}, temporaries {size(p.temp_bytes)}",
+           f"  donation saved {size(p.donation_saved_bytes)} at the peak (outputs that reuse "
+           "an argument's buffer)",
+           f"  {p.attributed_fraction():.0%} of the bytes at the peak carry a source line or "
+           "a path", "", "at the peak:"]
+  lines += ["  " + ln for ln in _table(p)]
+  lines += ["", "by scope:"] + [f"  {size(g.bytes):>10}  {_clip(g.key, WIDTH - 14)}"
+                                for g in p.by_scope()[:6]]
+  if p.could_donate:
+    lines += ["", "could donate:"] + ["  " + _clip(str(s), WIDTH - 2) for s in p.could_donate]
+  lines += ["", "XLA's figures:"]
+  for paragraph in explain(p).splitlines():
+    lines += _wrap(paragraph, WIDTH - 2, "  ")
+  return "\n".join(lines)
+
+
+def _wrap(paragraph: str, width: int, indent: str) -> list[str]:
+  out, line = [], ""
+  for word in paragraph.split():
+    if line and len(line) + 1 + len(word) > width:
+      out.append(indent + line)
+      line = word
+    else:
+      line = f"{line} {word}" if line else word
+  return out + ([indent + line] if line else [])
+
+
+def html(p) -> str:
+  """The profile as an HTML table for notebooks."""
+  esc = _html.escape
+  rows = "".join(
+      f"<tr><td style='text-align:right'>{esc(size(e.bytes))}</td><td>{esc(e.kind)}</td>"
+      f"<td><code>{esc(e.path or '')}</code></td><td><code>{esc(e.source or '')}</code></td>"
+      f"<td><code>{esc(e.scope or '')}</code></td></tr>" for e in p.at_peak[:40])
+  advice = "".join(f"<li>{esc(str(s))}</li>" for s in p.could_donate)
+  explained = "".join(f"<li>{esc(ln)}</li>" for ln in explain(p).splitlines())
+  return (f"<div><b>memory profile of {esc(p.function)}</b> ({esc(p.platform)}, per device): "
+          f"peak {esc(size(p.peak_bytes))} at step {p.peak_step}, "
+          f"{esc(size(p.reserved_bytes))} allocated"
+          "<table><tr><th>bytes</th><th>kind</th><th>path</th><th>source</th><th>scope</th>"
+          f"</tr>{rows}</table>"
+          + (f"<p>Could donate:</p><ul>{advice}</ul>" if advice else "")
+          + f"<p>XLA's figures:</p><ul>{explained}</ul></div>")
+
+
+def plot(p, ax=None):
+  """Stacked areas of the timeline with the peak marked, and bars of the peak by scope."""
+  import matplotlib.pyplot as plt
+  if ax is None:
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(12, 4), width_ratios=(2, 1))
+  else:
+    fig, bars = ax.figure, None
+  t = p.timeline
+  steps = range(len(t))
+  layers = [("arguments", [t.arguments] * len(t)), ("aliased", [t.aliased] * len(t)),
+            ("outputs", [t.outputs] * len(t)), ("temporaries", list(t.temporaries)),
+            ("collective", list(t.collective))]
+  mib = 1 << 20
+  ax.stackplot(steps, *[[v / mib for v in ys] for _, ys in layers],
+               labels=[name for name, _ in layers])
+  ax.axvline(p.peak_step, color="k", linestyle="--", linewidth=1)
+  ax.set_xlabel("schedule step")
+  ax.set_ylabel("MiB per device")
+  ax.set_title(f"{p.function}: peak {size(p.peak_bytes)} at step {p.peak_step}")
+  ax.legend(loc="upper left", fontsize="small")
+  if bars is not None:
+    groups = p.by_scope()[:8][::-1]
+    bars.barh([_clip(g.key, 40) for g in groups], [g.bytes / mib for g in groups])
+    bars.set_xlabel("MiB at the peak")
+    fig.tight_layout()
+  return fig
