@@ -1,6 +1,6 @@
 """Abstract GPU meshes for ahead-of-time work: compile real H100/B200 programs on any machine.
 
-With the ``gpu-aot`` extra (``pip install "donate[gpu-aot]"``: ``jax-cuda12-plugin`` and
+With the ``gpu-aot`` extra (``pip install "jax-donate[gpu-aot]"``: ``jax-cuda12-plugin`` and
 ``jax-cuda12-pjrt`` at the installed jaxlib's version; no NVIDIA driver or CUDA libraries needed),
 JAX can build the real GPU executable on a CPU-only machine. ``gpu_mesh("h100", 8)`` returns a
 ``jax.sharding.Mesh`` over 8 compile-only H100 devices; shard ``jax.ShapeDtypeStruct`` arguments
@@ -34,7 +34,7 @@ __all__ = ["GpuSpec", "available", "gpu_mesh", "gpu_names", "gpu_spec", "gpu_top
            "target_config"]
 
 _PLUGIN = "jax-cuda12-plugin"
-_INSTALL = f'pip install "donate[gpu-aot]" (or: pip install "jax[cuda12-local]=={jax.__version__}")'
+_INSTALL = f'pip install "jax-donate[gpu-aot]" (or: pip install "jax[cuda12-local]=={jax.__version__}")'
 
 
 def gpu_names() -> tuple[str, ...]:

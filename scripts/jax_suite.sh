@@ -38,7 +38,7 @@ for a in "$@"; do
   esac
 done
 
-PY=${PYTHON:-python3}
+PY=$(bash "$ROOT/scripts/python.sh" "${PYTHON:-python3}")  # a shim that does not run: pyenv's
 VENV=${VENV:-$ROOT/.venv-jaxsuite}
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"

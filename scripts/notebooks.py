@@ -17,6 +17,7 @@ Usage:
 """
 
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -56,7 +57,12 @@ def source_digest(nb) -> str:
 
 
 def kernel_env() -> dict[str, str]:
-  """The kernel's environment: this one, with this checkout first on PYTHONPATH."""
+  """The kernel's environment: this one, with this checkout first on PYTHONPATH unless this
+  interpreter imports `donate` from elsewhere (an installed wheel, which the kernel then uses)."""
+  spec = importlib.util.find_spec("donate")
+  home = Path(spec.origin).resolve().parent.parent if spec is not None and spec.origin else REPO
+  if home != REPO:
+    return dict(os.environ)
   paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
   return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
 

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # The test command: makes .venv (if missing), installs the package with its test extra, runs every
 # test, doctest and notebook. Usage: bash scripts/test.sh [pytest args]
-# PYTHON picks the interpreter (default python3), VENV the environment folder (default .venv).
+# PYTHON picks the interpreter (default python3; scripts/python.sh finds it), VENV the environment
+# folder (default .venv). INSTALL=wheel tests the built distribution instead of the checkout: builds
+# and checks the sdist and the wheel, installs the wheel into a fresh environment and runs the same
+# tests against it from outside the source tree (scripts/wheel.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${INSTALL:-editable}" = wheel ]; then
+  bash scripts/wheel.sh build
+  exec bash scripts/wheel.sh test "$@"
+fi
 source scripts/venv.sh
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e ".[test]"

@@ -186,7 +186,8 @@ _SELECTIVE = textwrap.dedent("""
 
 
 def test_configure_places_only_the_annotated_all_reduce_on_jaxlib_0_12():
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+  home = os.path.dirname(os.path.dirname(donate.__file__))  # the checkout, or an installed wheel's
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([home, os.path.join(REPO, "tests")]))
   env.pop("XLA_FLAGS", None)
   out = subprocess.run([sys.executable, "-c", _SELECTIVE], env=env, capture_output=True,
                        text=True, timeout=300, check=True).stdout

@@ -163,7 +163,8 @@ def single_process_reference():
 def run_two_processes(timeout=180):
   port = free_port()
   env = dict(os.environ)
-  env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), HERE, env.get("PYTHONPATH", "")])
+  home = os.path.dirname(os.path.dirname(donate.__file__))  # the checkout, or an installed wheel's
+  env["PYTHONPATH"] = os.pathsep.join([home, HERE, env.get("PYTHONPATH", "")])
   env.pop("XLA_FLAGS", None)
   worker = os.path.join(HERE, "_multiprocess_worker.py")
   procs = [subprocess.Popen([sys.executable, worker, str(i), str(port)], env=env, cwd=HERE,
