@@ -1,0 +1,95 @@
+"""What a memory profile costs: reading XLA's dump and building the profile, against compiling.
+
+One run, no repetition (compiles are long and this machine is shared): for each program, the
+compile time without the dump, with it (XLA writes its buffer assignment, live ranges and the
+module's text), and the time to read the dump and build the profile, with the ratio of the last
+to the first (the target: at most 10%).
+
+  python benchmarks/bench_memory_profile.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+
+from donate import _hlo  # noqa: E402
+from donate._profile import api  # noqa: E402
+from donate._profile import reading  # noqa: E402
+
+
+def transformer_step(params, x):
+  def loss(p):
+    q, k, v = x @ p["wq"], x @ p["wk"], x @ p["wv"]
+    h = x + (jax.nn.softmax(q @ k.T / 8.0, axis=-1) @ v) @ p["wo"]
+    return jnp.mean((jax.nn.gelu(h @ p["w1"]) @ p["w2"]) ** 2)
+  return jax.tree.map(lambda w, g: w - 0.01 * g, params, jax.grad(loss)(params))
+
+
+def scanned_step(stack, x):
+  def loss(ws):
+    def layer(h, w):
+      return h + jnp.tanh(h @ w["a"]) @ w["b"], None
+    return jnp.sum(lax.scan(layer, x, ws)[0] ** 2)
+  return jax.tree.map(lambda w, g: w - 0.01 * g, stack, jax.grad(loss)(stack))
+
+
+def programs():
+  d = 512
+  shapes = {"wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d), "w1": (d, 4 * d),
+            "w2": (4 * d, d)}
+  params = {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in shapes.items()}
+  yield "transformer step", jax.jit(transformer_step, donate_argnums=0), (
+      params, jax.ShapeDtypeStruct((256, d), jnp.float32))
+  stack = {"a": jax.ShapeDtypeStruct((24, d, 2 * d), jnp.float32),
+           "b": jax.ShapeDtypeStruct((24, 2 * d, d), jnp.float32)}
+  yield "24-layer scanned step", jax.jit(scanned_step, donate_argnums=0), (
+      stack, jax.ShapeDtypeStruct((256, d), jnp.float32))
+
+
+def measure(jitted, args):
+  lowered = jitted.lower(*args)
+  t = time.perf_counter()
+  lowered.compile()
+  plain = time.perf_counter() - t
+  folder = tempfile.mkdtemp(prefix="bench-profile-")
+  try:
+    t = time.perf_counter()
+    compiled = lowered.compile(compiler_options={**api.DUMP_OPTIONS, "xla_dump_to": folder})
+    dumped = time.perf_counter() - t
+    t = time.perf_counter()
+    module = _hlo.parse_module(compiled.as_text())
+    dump = reading.read_dump(folder, module.name)
+    if dump.hlo_text is not None:  # as profile_of_lowered reads it
+      module = _hlo.parse_module(dump.hlo_text)
+    profile = api._profile(compiled, dump, module, None)
+    build = time.perf_counter() - t
+  finally:
+    shutil.rmtree(folder, ignore_errors=True)
+  return plain, dumped, build, profile
+
+
+def main() -> int:
+  print(f"jax {jax.__version__}, {jax.default_backend()}, one run each")
+  print("| program | compile s | compile with dump s | build profile s | build / compile |")
+  print("|---|---|---|---|---|")
+  for name, jitted, args in programs():
+    plain, dumped, build, profile = measure(jitted, args)
+    print(f"| {name} ({len(profile.timeline)} steps) | {plain:.2f} | {dumped:.2f} | {build:.3f} "
+          f"| {build / plain:.1%} |")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
