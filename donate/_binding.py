@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from typing import Any
 
 import jax
@@ -154,11 +155,18 @@ def meta_key(x) -> tuple:
   return (HOST, type(x))
 
 
-def aval_nbytes(aval) -> int:
+def aval_nbytes(aval):
   """Bytes of an array-like value with `shape` and `dtype` (extended dtypes by their itemsize).
+
+  An int, or under shape-polymorphic export (`jax.export.symbolic_shape`) an expression of the
+  dimension variables, as JAX's own `aval.size` is.
 
   >>> aval_nbytes(jax.ShapeDtypeStruct((2, 3), "float32"))
   24
+  >>> b, = jax.export.symbolic_shape("b")
+  >>> aval_nbytes(jax.ShapeDtypeStruct((b, 3), "float32"))
+  12*b
   """
   itemsize = int(getattr(aval.dtype, "itemsize", 0) or 0)
-  return int(np.prod(tuple(aval.shape), dtype=np.int64)) * itemsize
+  size = math.prod(tuple(aval.shape))
+  return (int(size) if isinstance(size, (int, np.integer)) else size) * itemsize

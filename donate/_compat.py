@@ -8,6 +8,7 @@ support a new JAX version, start here (see CONTRIBUTING.md).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -113,6 +114,62 @@ def lowered_kept_leaves(jax_lowered) -> tuple[tuple[int, ...], int]:
   lowering = jax_lowered._lowering
   kept = tuple(sorted(lowering.compile_args["kept_var_idx"]))
   return kept, len(getattr(lowering, "const_args", ()) or ())
+
+
+# `jax.export` reads the module of `Lowered._lowering` (a `pxla.MeshComputation`, checked by type)
+# and keeps the user's argument and result order, so donate's pairs (when they are not `jax.jit`'s
+# first come, first served) go onto `main`'s argument attributes of a copy of that module. Parsing
+# a module needs JAX's MLIR context (its dialects registered); no public API gives one.
+from jax._src.interpreters import mlir as _mlir
+
+_ALIAS, _DONOR = "tf.aliasing_output", "jax.buffer_donor"
+
+
+def lowered_with_aliases(jax_lowered, n_traced: int, managed: set[int],
+                         aliases: dict[int, int], donors: set[int]):
+  """A copy of a `jax.stages.Lowered` in which each argument leaf of `managed` is aliased to
+  user output `aliases[i]`, or offered as a buffer donor when in `donors`, or neither.
+
+  `n_traced` traced constants precede the argument leaves in the lowering's kept inputs, which
+  end `main`'s arguments (dimension variables, effect tokens and constants come first); effect
+  tokens come first among its results. Returns the lowered itself when its module already says
+  exactly that.
+  """
+  lowering = jax_lowered._lowering
+  kept = sorted(lowering.compile_args["kept_var_idx"])
+  ir = _mlir.ir
+  context = _mlir.make_ir_context()
+  with context, ir.Location.unknown(context):
+    module = ir.Module.parse(_mlir.module_to_bytecode(lowering.stablehlo()))
+    main = ir.SymbolTable(module.operation)["main"]
+    n_args = len(main.arguments)
+    if n_args < len(kept) or "arg_attrs" not in main.attributes:
+      return jax_lowered
+    tokens = 0
+    while tokens < len(main.type.results) and "token" in str(main.type.results[tokens]):
+      tokens += 1
+    old = [{a.name: a.attr for a in ir.DictAttr(d)} for d in ir.ArrayAttr(
+        main.attributes["arg_attrs"])]
+    new = [dict(d) for d in old]
+    for k, i in enumerate(kept):
+      attrs, leaf = new[n_args - len(kept) + k], i - n_traced
+      if leaf not in managed or "jax.global_constant" in attrs:
+        continue
+      attrs.pop(_ALIAS, None)
+      attrs.pop(_DONOR, None)
+      if leaf in aliases:
+        attrs[_ALIAS] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), tokens + aliases[leaf])
+      elif leaf in donors:
+        attrs[_DONOR] = ir.BoolAttr.get(True)
+    if [{k: str(v) for k, v in d.items()} for d in new] == [
+        {k: str(v) for k, v in d.items()} for d in old]:
+      return jax_lowered
+    main.attributes["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(d) for d in new])
+  copied = copy.copy(lowering)
+  copied._hlo, copied._executable = module, None
+  lowered = copy.copy(jax_lowered)
+  lowered._lowering = copied
+  return lowered
 
 
 # `jax.clear_caches()` clears every cache registered here; donate's plans (which hold traced

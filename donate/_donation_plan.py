@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from donate import _copies
 from donate import _errors
-from donate._text import format_bytes
+from donate._text import format_bytes, is_symbolic
 
 ALIASED, DONOR, KEPT, UNUSABLE, UNUSED = "aliased", "donor", "kept", "unusable", "unused"
 DEVICE, ABSTRACT, HOST = "device", "abstract", "host"
@@ -248,8 +248,7 @@ class DonationPlan:
     if self.collective_memory_bytes:
       lines += _wrap([f"symmetric memory: {format_bytes(self.collective_memory_bytes)} of marked "
                       "buffers (donate.planner.plan_memory packs them into pools)"])
-    lines.append(f"totals (global arrays): requested {format_bytes(self.bytes_requested)}, "
-                 f"reused {format_bytes(self.bytes_reused)}")
+    lines += _wrap([f"totals (global arrays): {self._totals()}"])
     if self.memory is not None:
       lines += _wrap([f"compiled (per device): {_memory_text(self.memory)}"])
     lines += _wrap(_copies.format_copies(self.copies, self.copy_threshold), indent="      ")
@@ -258,6 +257,16 @@ class DonationPlan:
     return "\n".join(lines)
 
   __repr__ = __str__
+
+  def _totals(self) -> str:
+    """Bytes requested and reused; with symbolic shapes (`jax.export.symbolic_shape`) these are
+    expressions of the dimension variables, and the text says so."""
+    text = (f"requested {format_bytes(self.bytes_requested)}, "
+            f"reused {format_bytes(self.bytes_reused)}")
+    if is_symbolic(self.bytes_requested) or is_symbolic(self.bytes_reused):
+      text += " (symbolic: bytes in terms of dimension variables)"
+    return text
+
 
   def _repr_html_(self) -> str:
     esc = html.escape
@@ -271,8 +280,7 @@ class DonationPlan:
         f"<td>{esc(d.source) if d.requested else '-'}</td>"
         f"<td><b>{d.action}</b></td><td><code>{esc(d.output or '-')}</code></td>"
         f"<td>{esc(d.reason)}</td></tr>" for d in self.decisions)
-    foot = (f"<p>global arrays: requested {format_bytes(self.bytes_requested)}, "
-            f"reused {format_bytes(self.bytes_reused)}")
+    foot = f"<p>global arrays: {esc(self._totals())}"
     if self.memory is not None:
       foot += f"; compiled, per device: {_memory_text(self.memory)}"
     foot += "</p>" + "".join(f"<p>note: {esc(n)}</p>" for n in self.notes)

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from typing import Sequence
-
-import numpy as np
 
 from donate import _dataflow
 from donate import _errors
+from donate._text import is_symbolic
 from donate._donation_plan import (ALIASED, DEVICE, DONOR, HOST, KEPT, NOT_A_DEVICE_BUFFER,
                                    UNUSABLE, UNUSED, DonationPlan, LeafDecision, LeafInfo,
                                    Layout, OutputInfo, shape_text, sharding_text)
@@ -76,7 +76,7 @@ def _size(x) -> int:
       shape = tuple(sharding.shard_shape(shape))
     except Exception:  # a sharding that does not fit the shape: jax.jit reports that itself
       pass
-  return int(np.prod(shape, dtype=np.int64))
+  return math.prod(shape)  # an expression of the dimension variables when shapes are symbolic
 
 
 def _compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
@@ -237,7 +237,7 @@ def _unusable_reason(leaf, outputs, pairs, leaves) -> str:
     return "the function has no outputs"
 
   def distance(o):
-    return (o.dtype != leaf.dtype, abs(o.nbytes - leaf.nbytes), o.shape != leaf.shape)
+    return (o.dtype != leaf.dtype, _byte_distance(o.nbytes, leaf.nbytes), o.shape != leaf.shape)
   o = min(outputs, key=distance)
   fields = []
   if o.shape != leaf.shape:
@@ -245,6 +245,20 @@ def _unusable_reason(leaf, outputs, pairs, leaves) -> str:
   if o.dtype != leaf.dtype:
     fields.append(f"dtype {o.dtype} vs {leaf.dtype}")
   return f"no output of its shape and dtype; nearest is {o.path}: " + ", ".join(fields)
+
+
+def _byte_distance(a, b) -> int | float:
+  """How far apart two byte counts are; a symbolic count (shape-polymorphic export) is 0 from an
+  identical expression and farther than any constant difference otherwise.
+
+  >>> import jax
+  >>> n, = jax.export.symbolic_shape("n")
+  >>> _byte_distance(16, 24), _byte_distance(4 * n, 4 * n), _byte_distance(4 * n, 16)
+  (8, 0, inf)
+  """
+  if isinstance(a, int) and isinstance(b, int):
+    return abs(a - b)
+  return 0 if a == b else float("inf")
 
 
 def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -> LeafDecision:
@@ -295,6 +309,8 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
   problems = _check(leaves, flow, outputs)
   if problems:
     raise _errors.DonationError("\n".join(problems))
+  # jax.jit prunes no input of a program with symbolic shapes: each one stays in the module.
+  keep_unused = keep_unused or any(is_symbolic(d) for l in leaves for d in l.shape)
   used = [keep_unused or u for u in flow.used]
   donated = [i for i in sorted(sources) if used[i] and leaves[i].is_array]
   pairs = _pair(leaves, outputs, donated, flow)

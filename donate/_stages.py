@@ -9,13 +9,17 @@ computation with reordered outputs), they are translated back to the user's pytr
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
 from jax import tree_util
 
+from donate import _compat
 from donate import _compiled
+from donate import _donation_plan
 from donate import _errors
+from donate import _signature
 
 
 def _inputs_flat(tree) -> list:
@@ -112,16 +116,45 @@ class Traced(_Stage):
     """Lowers to StableHLO carrying the plan's `tf.aliasing_output` and `jax.buffer_donor`.
 
     With `lowering_platforms` or JAX's private lowering parameters (as `jax.export` passes),
-    `jax.jit`'s own lowering of the function is used: exported modules are `jax.jit`'s.
+    `jax.jit`'s own lowering of the function is used, in the user's argument and result order,
+    carrying the plan's aliases and donors (`_lower_for_export`).
     """
     kwargs = {k: v for k, v in (("lowering_platforms", lowering_platforms),
                                 ("_private_parameters", _private_parameters)) if v is not None}
     if kwargs:
-      return Lowered(self._prep, self._call, self._prep.traced.lower(**kwargs), jax_native=True)
+      return Lowered(self._prep, self._call, _lower_for_export(self._prep, kwargs),
+                     jax_native=True)
     return Lowered(self._prep, self._call, self._prep.lower(self._call))
 
   def __call__(self, *args, **kwargs):
     return self._prep.traced(*args, **kwargs)
+
+
+def _lower_for_export(prep, kwargs):
+  """`jax.jit`'s lowering with `kwargs` (as `jax.export` lowers: platforms, lowering parameters)
+  whose `main` aliases and donates what the plan says; warns, or raises in strict mode, for
+  unusable donations first, as every other lowering does. Symbolic shapes pair as `jax.jit` pairs
+  them: by equal shape expressions."""
+  plan = prep.plan
+  explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
+  if explicit or (prep.fn.options.strict_unusable and plan.unusable):
+    raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
+  with prep.fn.gate, warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
+    lowered = prep.traced.lower(**kwargs)
+  if plan.unusable:
+    warnings.warn(plan.explain_unusable(), _errors.UnusableDonationWarning,
+                  stacklevel=_signature._user_stacklevel())
+  # The leaves the plan decides; others (host values exported as specs, refs) keep what
+  # jax.jit's lowering gave them.
+  managed = {i for i, d in enumerate(plan.decisions) if d.requested and d.action in _PLANNED}
+  donors = {i for i, d in enumerate(plan.decisions) if d.action == _donation_plan.DONOR}
+  return _compat.lowered_with_aliases(lowered, _compat.traced_num_consts(prep.traced), managed,
+                                      plan.pairs(), donors)
+
+
+_PLANNED = (_donation_plan.ALIASED, _donation_plan.DONOR, _donation_plan.UNUSABLE,
+            _donation_plan.UNUSED)
 
 
 class Lowered(_Stage):

@@ -201,6 +201,9 @@ TRIGGERS = {
     "strict-unusable": lambda: donate.jit(lambda x, y: (x + 1, y.sum()), donate_argnums=(0, 1),
                                           strict=True)(arr(), arr()),
     "strict-sharding-differs": shardings_differ,
+    "strict-unusable-export": lambda: jax.export.export(donate.jit(
+        lambda x: x[:1] * 2, donate_argnums=0, strict=True))(
+            jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 4"), jnp.float32)),
     "strict-not-made": lambda: donate.jit(lambda x: x.astype(jnp.bfloat16), donate_argnums=0,
                                           strict=True)(arr(4)),
     "compiled-structure": compiled_structure_mismatch,
