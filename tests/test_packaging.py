@@ -50,7 +50,8 @@ def test_install_hints_name_the_distribution():
 @pytest.mark.skipif(not FROM_WHEEL, reason="only when scripts/wheel.sh tests the installed wheel")
 def test_the_tests_import_the_installed_wheel_with_every_module_of_the_checkout():
   assert PACKAGE != REPO / "donate", f"donate imported from the checkout: {PACKAGE}"
-  installed = {str(f) for f in importlib.metadata.distribution("jax-donate").files}
+  (wheel,) = importlib.metadata.distributions(name="jax-donate", path=[str(PACKAGE.parent)])
+  installed = {str(f) for f in wheel.files}
   modules = {p.relative_to(REPO).as_posix() for p in (REPO / "donate").rglob("*.py")}
   assert modules and not modules - installed, sorted(modules - installed)
   assert not any(f.startswith("tests/") for f in installed)

@@ -14,7 +14,7 @@ import pytest
 from donate._planner.offsets import assign_offsets
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for benchmarks/; last, so it never shadows an installed donate
 
 from benchmarks import xla_dump  # noqa: E402
 from test_offsets import sweep_check  # noqa: E402
