@@ -18,7 +18,7 @@ from jax import tree_util
 
 from donate import _compat
 from donate import _donation_plan
-from donate._donation_plan import ABSTRACT, DEVICE, HOST
+from donate._donation_plan import ABSTRACT, DEVICE, HOST, REF
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,33 +125,55 @@ class Binding:
 
 
 def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
-  """The planner's facts about one leaf: device buffer, abstract value or host value."""
-  if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+  """The planner's facts about one leaf: device buffer, abstract value, ref or host value."""
+  abstract = isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray))
+  if is_ref(x):
+    kind = REF
+  elif isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
     kind = DEVICE
-  elif isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
+  elif abstract:
     kind = ABSTRACT
   else:
     kind = HOST
-  aval = jax.typeof(x) if kind != ABSTRACT else x
+  aval = x if abstract else jax.typeof(x)
   if not hasattr(aval, "shape"):  # a token or another value without a shape: never a buffer
     return _donation_plan.LeafInfo(path, (), type(aval).__name__, 0, "-", None, HOST,
                                    type(x).__name__)
   shape = tuple(aval.shape)
   dtype = str(aval.dtype)
   nbytes = aval_nbytes(aval)
-  sharding = getattr(x, "sharding", None) if kind != HOST else None
+  concrete = kind != HOST and not isinstance(x, jax.core.Tracer)
+  sharding = getattr(x, "sharding", None) if concrete else None
   memory_kind = getattr(sharding, "memory_kind", None)
-  text = _donation_plan.sharding_str(sharding) if kind != ABSTRACT or sharding is not None else "-"
+  text = _donation_plan.sharding_str(sharding) if sharding is not None or kind == HOST else "-"
   return _donation_plan.LeafInfo(path, shape, dtype, nbytes, text, memory_kind, kind,
                                  type(x).__name__, sharding)
 
 
+def is_ref(x) -> bool:
+  """A `jax.Ref` (or a tracer of one) or its abstract stand-in, `ShapeDtypeStruct(is_ref=True)`.
+
+  >>> import jax.numpy as jnp
+  >>> is_ref(jax.new_ref(jnp.zeros(2))), is_ref(jnp.zeros(2))
+  (True, False)
+  >>> is_ref(jax.ShapeDtypeStruct((2,), "float32", is_ref=True))
+  True
+  """
+  if isinstance(x, jax.Ref):
+    return True
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return getattr(x, "is_ref", False) is True
+  return isinstance(x, jax.core.Tracer) and hasattr(jax.typeof(x), "inner_aval")
+
+
 def meta_key(x) -> tuple:
   """What, beyond the traced avals, decides a leaf's plan and lowering (as `jax.jit`'s MetaTy)."""
+  if isinstance(x, jax.Ref):
+    return (REF, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
     return (DEVICE, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
   if isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
-    return (ABSTRACT, getattr(x, "sharding", None))
+    return (REF if is_ref(x) else ABSTRACT, getattr(x, "sharding", None))
   return (HOST, type(x))
 
 

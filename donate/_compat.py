@@ -116,6 +116,23 @@ def lowered_kept_leaves(jax_lowered) -> tuple[tuple[int, ...], int]:
   return kept, len(getattr(lowering, "const_args", ()) or ())
 
 
+def lowered_closed_over_refs(jax_lowered) -> int:
+  """How many `jax.Ref`s the function closes over: `jax.jit` passes each as an extra parameter
+  after the argument leaves, and writes it back through an extra result aliased to it (after the
+  results, with the argument refs' own). Only the lowering's mutation data records them."""
+  mut = jax_lowered._lowering.compile_args.get("mut")
+  return len(mut.in_mut) if mut is not None else 0
+
+
+def compiled_output_shardings(jax_compiled, n_outputs: int) -> list:
+  """The flat shardings of a `jax.stages.Compiled`'s first `n_outputs` results (the user's).
+
+  `Compiled.output_shardings` fails for a program that writes refs back (it unflattens the
+  write-backs' shardings too, into the user's output tree); the flat list holds them last.
+  """
+  return list(jax_compiled._executable._out_shardings)[:n_outputs]
+
+
 # `jax.export` reads the module of `Lowered._lowering` (a `pxla.MeshComputation`, checked by type)
 # and keeps the user's argument and result order, so donate's pairs (when they are not `jax.jit`'s
 # first come, first served) go onto `main`'s argument attributes of a copy of that module. Parsing

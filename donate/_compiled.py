@@ -18,9 +18,11 @@ def realize(prep, lowered, compiled, copy_threshold: int) -> _donation_plan.Dona
   """The plan with the aliases the compiled program really has, its memory figures and the
   copies XLA added."""
   kept, n_consts = _compat.lowered_kept_leaves(lowered)
+  n_refs = _compat.lowered_closed_over_refs(lowered)  # parameters after the argument leaves
   n_params = _main_param_count(lowered)
-  offset = n_params - len(kept)  # effect tokens and hoisted constants come first
+  offset = n_params - len(kept) - n_refs  # effect tokens and hoisted constants come first
   n_out_tokens = offset - n_consts
+  n_outputs = len(prep.plan.outputs)  # then the results; refs' write-backs end the results
   order = None if prep.native else prep.inner.out_order
   text = compiled.as_text()
   # `kept` counts the traced constants (closed-over tracers) ahead of the argument leaves.
@@ -28,21 +30,26 @@ def realize(prep, lowered, compiled, copy_threshold: int) -> _donation_plan.Dona
   leaf = [k - n_traced if k >= n_traced else None for k in kept]
   paths = [d.path for d in prep.plan.decisions]
   prep.in_paths = (["<effect token>"] * n_out_tokens + ["<constant>"] * n_consts
-                   + [paths[i] if i is not None else "<constant>" for i in leaf])
+                   + [paths[i] if i is not None else "<constant>" for i in leaf]
+                   + ["<closed-over ref>"] * n_refs)
   copies = copies_of(prep, text, copy_threshold)
   realized = {}
   for param, out in _realized_aliases(text).items():
-    if param < offset or leaf[param - offset] is None:
-      continue
     k = out - n_out_tokens
+    if not offset <= param < offset + len(leaf) or leaf[param - offset] is None:
+      continue
+    if not 0 <= k < n_outputs:
+      continue  # a ref written back into its own buffer
     realized[leaf[param - offset]] = order[k] if order is not None else k
   shardings = _sharding_differences(prep, compiled, realized)
   plan = prep.plan.realize(realized, _donation_plan.MemoryStats.from_compiled(compiled), shardings)
   placements = None
   if prep.placement is not None:  # a GPU target with marked values: where did they land?
     placements = _symm.placement_report(text, prep.comm)
+  notes = plan.notes + ((f"{n_refs} jax.Ref(s) the function closes over: written back in place",)
+                        if n_refs else ())
   return dataclasses.replace(plan, copies=copies, copy_threshold=copy_threshold,
-                             placements=placements)
+                             placements=placements, notes=notes)
 
 
 def copies_of(prep, compiled_or_text, threshold: int) -> tuple:
@@ -59,7 +66,7 @@ def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]
   if not missing:
     return {}
   ins = tree_util.tree_leaves(compiled.input_shardings)
-  outs = tree_util.tree_leaves(compiled.output_shardings)
+  outs = _compat.compiled_output_shardings(compiled, len(prep.plan.outputs))
   if prep.inner is not None and prep.inner.out_order is not None:
     user = [None] * len(outs)
     for k, j in enumerate(prep.inner.out_order):

@@ -17,6 +17,7 @@ from donate import _errors
 from donate._text import format_bytes, is_symbolic
 
 ALIASED, DONOR, KEPT, UNUSABLE, UNUSED = "aliased", "donor", "kept", "unusable", "unused"
+REF = "ref"  # the action of a `jax.Ref` leaf, and its kind: the call writes it back in place
 DEVICE, ABSTRACT, HOST = "device", "abstract", "host"
 
 _WIDTH = 100  # the plan's text fits in this many columns
@@ -27,8 +28,10 @@ class LeafInfo:
   """Static facts about one input leaf.
 
   `kind` is "device" (a `jax.Array`: donating consumes it), "abstract" (a `jax.ShapeDtypeStruct`:
-  planned as if it were an array) or "host" (numpy arrays, Python and numpy scalars: `jax.jit`
-  copies them to the device, so the caller's value is never consumed).
+  planned as if it were an array), "ref" (a `jax.Ref`, or a `ShapeDtypeStruct(..., is_ref=True)`:
+  the call writes its new value back into its own buffer, so it is never donated nor paired) or
+  "host" (numpy arrays, Python and numpy scalars: `jax.jit` copies them to the device, so the
+  caller's value is never consumed).
   """
   path: str
   shape: tuple[int, ...]
@@ -43,7 +46,8 @@ class LeafInfo:
 
   @property
   def is_array(self) -> bool:
-    return self.kind != HOST
+    """A value donation can consume (a `jax.Array` or its abstract stand-in)."""
+    return self.kind in (DEVICE, ABSTRACT)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,8 +72,9 @@ class LeafDecision:
     source: how it was asked for ("donate_argnums", "donate_argnames", "donate_buffer at f.py:3", ...).
     action: "aliased" (output `output` reuses the buffer), "donor" (given to XLA to reuse for any
       output), "kept" (not donated: not requested, or not a device buffer), "unused" (requested,
-      but the computation does not read it: it stays alive, as in `jax.jit`) or "unusable"
-      (requested but nothing can reuse it; it stays alive).
+      but the computation does not read it: it stays alive, as in `jax.jit`), "unusable"
+      (requested but nothing can reuse it; it stays alive) or "ref" (a `jax.Ref`: the call
+      writes it back into its own buffer; no output takes that buffer).
     output: the output path that reuses the buffer, if any.
     reason: why, in words.
 
@@ -272,7 +277,8 @@ class DonationPlan:
     esc = html.escape
     head = "".join(f"<th>{h}</th>" for h in
                    ("input", "type", "bytes", "sharding", "donate", "action", "output", "reason"))
-    colors = {ALIASED: "#d4f7d4", DONOR: "#e8f0ff", UNUSED: "#f0f0f0", UNUSABLE: "#ffd6d6"}
+    colors = {ALIASED: "#d4f7d4", DONOR: "#e8f0ff", UNUSED: "#f0f0f0", UNUSABLE: "#ffd6d6",
+              REF: "#fff3d6"}
     body = "".join(
         f"<tr style='background:{colors.get(d.action, 'transparent')}'>"
         f"<td><code>{esc(d.path)}</code></td><td>{esc(_type(d))}</td>"
@@ -289,6 +295,7 @@ class DonationPlan:
 
 
 NOT_A_DEVICE_BUFFER = "not donated: not a device buffer"
+WRITTEN_BACK = "ref: written back in place"  # the reason of every ref leaf the call uses
 
 
 def _not_made(output: str | None, shardings: tuple[str, str] | None) -> str:

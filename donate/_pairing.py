@@ -32,8 +32,9 @@ from donate import _dataflow
 from donate import _errors
 from donate._text import is_symbolic
 from donate._donation_plan import (ALIASED, DEVICE, DONOR, HOST, KEPT, NOT_A_DEVICE_BUFFER,
-                                   UNUSABLE, UNUSED, DonationPlan, LeafDecision, LeafInfo,
-                                   Layout, OutputInfo, shape_text, sharding_text)
+                                   REF, UNUSABLE, UNUSED, WRITTEN_BACK, DonationPlan,
+                                   LeafDecision, LeafInfo, Layout, OutputInfo, shape_text,
+                                   sharding_text)
 
 _STRENGTH_WORDS = {
     _dataflow.EXPLICIT: "explicit alias",
@@ -262,7 +263,9 @@ def _byte_distance(a, b) -> int | float:
 
 
 def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -> LeafDecision:
-  if not source:
+  if leaf.kind == REF:  # never donated nor paired; `_with_refs` says what jax.jit makes of it
+    action, out, reason = REF, None, WRITTEN_BACK
+  elif not source:
     action, out, reason = KEPT, None, "not donated"
     if i in ignored:
       reason = (f"not donated: inner jax.jit donation at {ignored[i]} ignored (the caller did "
@@ -285,6 +288,49 @@ def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -
     action, out, reason = UNUSABLE, None, _unusable_reason(leaf, outputs, pairs, leaves)
   return LeafDecision(leaf.path, leaf.shape, leaf.dtype, leaf.nbytes, leaf.sharding,
                       leaf.memory_kind, bool(source), source or "-", action, out, reason)
+
+
+def _with_refs(decisions, leaves, outputs, used, donated, xla_decides: bool, disabled: bool):
+  """The decisions with every `jax.Ref` leaf's own: the call writes a ref back into its buffer.
+
+  No output is ever paired with a ref's buffer (`make_plan` donates none). A ref in
+  `donate_argnums` is what `jax.jit` makes of it: offered to XLA as a donor when an output of its
+  size is still free after `jax.jit`'s own pairs (XLA then rejects the program, as under
+  `jax.jit`), else an unusable donation.
+  """
+  refs = [i for i, l in enumerate(leaves) if l.kind == REF]
+  if not refs:
+    return decisions
+  rejected = set() if disabled else _ref_donors(leaves, outputs, donated, xla_decides,
+                                                [i for i in refs if decisions[i].requested])
+  out = list(decisions)
+  for i in refs:
+    d = out[i]
+    action, reason = REF, WRITTEN_BACK if used[i] else "ref: the computation does not use it"
+    if d.requested and used[i] and not disabled:
+      action = REF if i in rejected else UNUSABLE
+      reason += ("; jax.jit offers it to XLA as a donor too, which XLA rejects" if i in rejected
+                 else "; a ref is never donated (leave it out of donate_argnums)")
+    out[i] = dataclasses.replace(d, action=action, output=None, reason=reason)
+  return tuple(out)
+
+
+def _ref_donors(leaves, outputs, donated, xla_decides: bool, refs) -> set[int]:
+  """The requested refs `jax.jit` offers XLA as buffer donors (`mlir._set_up_aliases`): after
+  its first come, first served aliases, each donated input left over (refs among them, in
+  order) takes a free output of its size."""
+  if not refs:
+    return set()
+  fcfs = fcfs_pairs(leaves, outputs, donated)
+  aliased = {j for j in fcfs.values() if not xla_decides or outputs[j].sharding_obj is not None}
+  free = collections.Counter(_size(o) for j, o in enumerate(outputs) if j not in aliased)
+  rejected = set()
+  for i in sorted(set(donated).difference(fcfs).union(refs)):
+    if free[_size(leaves[i])] > 0:
+      free[_size(leaves[i])] -= 1
+      if i in refs:
+        rejected.add(i)
+  return rejected
 
 
 def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo],
@@ -321,4 +367,5 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
   donor_out = {i: j for i, j in donor_out.items() if i in layout.donated}
   decisions = tuple(_decide(i, leaf, sources.get(i, ""), used[i], pairs, donor_out, outputs,
                             leaves, ignored) for i, leaf in enumerate(leaves))
+  decisions = _with_refs(decisions, leaves, outputs, used, donated, xla_decides, False)
   return DonationPlan(function, decisions, tuple(outputs), tuple(notes), layout)

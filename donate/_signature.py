@@ -191,6 +191,8 @@ def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
             and _is_native(fn.options, plan, leaves, outputs, requested, flow))
   if has_layouts or n_consts:
     native = True  # layouts and hoisted consts: only jax.jit's own path handles them
+  if any(leaves[i].kind == _donation_plan.REF for i in requested):
+    native = True  # a ref in donate_argnums: what jax.jit makes of it (a warning, or XLA's error)
   inner = None if native else _inner(fn, marked, plan, traced, in_sh, out_sh, gpu_options)
   structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
   return Prepared(fn, structure, traced, plan, native, inner, comm=tuple(comm),
