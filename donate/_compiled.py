@@ -11,7 +11,9 @@ from jax import tree_util
 from donate import _copies
 from donate import _compat
 from donate import _donation_plan
+from donate import _profile
 from donate import _symm
+from donate._text import format_bytes
 
 
 def realize(prep, lowered, compiled, copy_threshold: int) -> _donation_plan.DonationPlan:
@@ -50,6 +52,32 @@ def realize(prep, lowered, compiled, copy_threshold: int) -> _donation_plan.Dona
                         if n_refs else ())
   return dataclasses.replace(plan, copies=copies, copy_threshold=copy_threshold,
                              placements=placements, notes=notes)
+
+
+def with_profile(prep, lowered, plan, compiler_options=None) -> _donation_plan.DonationPlan:
+  """The plan with the compiled program's memory profile (`plan.profile`: `lowered` compiled
+  again, with XLA's dump) and, next to each aliased leaf of at least `copy_threshold` bytes whose
+  donation did not lower the peak, why (`_profile.shadow`). Only when some aliased leaf is that
+  large: otherwise nothing is compiled and `plan.profile` stays None."""
+  if not any(d.action == _donation_plan.ALIASED and isinstance(d.nbytes, int)
+             and d.nbytes >= plan.copy_threshold for d in plan.decisions):
+    return plan
+  profile = _profile.profile_of_signature(prep, lowered, plan, compiler_options)
+  found = {s.path: s for s in profile.shadowed if s.bytes >= plan.copy_threshold}
+  decisions = tuple(dataclasses.replace(d, reason=f"{d.reason}; {found[d.path]}")
+                    if d.action == _donation_plan.ALIASED and d.path in found else d
+                    for d in plan.decisions)
+  note = (f"memory profile: peak {format_bytes(profile.peak_bytes)} per device "
+          "(plan.profile lists every buffer at the peak)")
+  return dataclasses.replace(plan, decisions=decisions, profile=profile,
+                             notes=plan.notes + (note,))
+
+
+def peak_problems(plan, function: str) -> list[str]:
+  """For `strict="copies"`: one message per donation that did not lower the peak."""
+  if plan.profile is None:
+    return []
+  return _profile.peak_problems(plan.profile.shadowed, function, plan.copy_threshold)
 
 
 def copies_of(prep, compiled_or_text, threshold: int) -> tuple:

@@ -168,6 +168,9 @@ class DonationPlan:
   copies: tuple = ()  # the copies XLA added (`_copies.CopyRecord`), once compiled
   copy_threshold: int = 65536  # the smallest copy `copies` reports, in bytes
   placements: Any = None  # where marked values landed on a GPU target (`_symm` report)
+  # The compiled program's `donate.MemoryProfile` when `.plan()` read it to check the donations
+  # (one more compile, with XLA's dump; None otherwise: `Compiled.memory_profile()` makes one).
+  profile: Any = dataclasses.field(default=None, compare=False)
 
   @property
   def bytes_requested(self) -> int:

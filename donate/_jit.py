@@ -153,9 +153,14 @@ class JitWrapped:
 
   # ---- public ----------------------------------------------------------------------------------
   def plan(self, *args, **kwargs) -> _donation_plan.DonationPlan:
-    """Traces, plans and compiles for these arguments; executes and consumes nothing."""
+    """Traces, plans and compiles for these arguments; executes and consumes nothing.
+
+    An aliased leaf of at least `copy_threshold` bytes whose donation did not lower the peak (a
+    temporary of about its size live beside it) says so in its reason; `plan.profile` is then the
+    program's `donate.MemoryProfile` (one more compile, with XLA's dump).
+    """
     prep, call = self._prepare(args, kwargs)
-    return prep.compile(call)[1]
+    return prep.compile(call, with_profile=True)[1]
 
   def trace(self, *args, **kwargs) -> "_stages.Traced":
     """Traces for these arguments; a `jax.stages.Traced` with the plan (`.plan`)."""

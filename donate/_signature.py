@@ -127,11 +127,17 @@ class Prepared:
       self.lowered = lowered
       return lowered
 
-  def compile(self, call: _binding.Call, compiler_options=None, device_assignment=None):
-    """`(compiled, plan)`: compiles and folds the compiled aliases into the plan."""
+  def compile(self, call: _binding.Call, compiler_options=None, device_assignment=None,
+              with_profile: bool = False):
+    """`(compiled, plan)`: compiles and folds the compiled aliases into the plan (and the memory
+    profile, which names donations that did not lower the peak, with `with_profile` or
+    `strict="copies"`: one more compile, `_compiled.with_profile`)."""
     lowered = self.lower(call)
+    with_profile = with_profile or self.fn.options.strict_copies
     with self.lock:
       if self.compiled is not None and compiler_options is None and device_assignment is None:
+        if with_profile and self.plan.profile is None:
+          self.plan = _compiled.with_profile(self, lowered, self.plan)
         return self.compiled, self.plan
       kwargs = {}
       if compiler_options is not None:
@@ -144,7 +150,10 @@ class Prepared:
       explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
       if explicit or (options.strict_unusable and len(plan.unusable) > len(self.plan.unusable)):
         raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
-      copied = _copies.strict_problems(plan.copies, self.fn.name) if options.strict_copies else []
+      if with_profile:
+        plan = _compiled.with_profile(self, lowered, plan, compiler_options)
+      copied = (_copies.strict_problems(plan.copies, self.fn.name)
+                + _compiled.peak_problems(plan, self.fn.name)) if options.strict_copies else []
       if copied:
         raise _errors.DonationError("\n".join(copied))
       if plan.placements is not None:

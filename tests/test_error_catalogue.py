@@ -109,6 +109,11 @@ def shardings_differ():
   donate.jit(lambda a: a + 1, donate_argnums=0, out_shardings=row, strict=True)(x)
 
 
+def sgd_step(w, x):
+  g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+  return w - 0.1 * g
+
+
 def carry_read_after_update(buf, xs):
   def body(c, x):
     old = c[0]
@@ -209,6 +214,8 @@ TRIGGERS = {
     "compiled-structure": compiled_structure_mismatch,
     "strict-copies": lambda: donate.jit(carry_read_after_update, donate_argnums=0,
                                         strict="copies")(jnp.zeros(2**16), jnp.ones(4)),
+    "strict-peak": lambda: donate.jit(sgd_step, donate_argnums=0, strict="copies")(
+        jnp.ones((256, 256)), jnp.ones((8, 256))),
     "strict-mode-unknown": lambda: donate.jit(lambda x: x, strict="always"),
     # annotations
     "alias-type-mismatch": lambda: donate.jit(lambda a, b: donate.alias(a, b))(arr(), arr(4)),

@@ -8,5 +8,7 @@ stack, kind; `assemble`: pytree paths, the timeline, donation advice) and return
 
 from donate._profile.api import memory_profile as memory_profile
 from donate._profile.api import profile_of_lowered as profile_of_lowered
+from donate._profile.api import profile_of_signature as profile_of_signature
 from donate._profile.api import signature_of as signature_of
 from donate._profile.profile import MemoryProfile as MemoryProfile
+from donate._profile.shadow import strict_problems as peak_problems

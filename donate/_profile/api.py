@@ -88,6 +88,23 @@ def profile_of_lowered(lowered, compiler_options=None, signature=None):
 
   With `xla_dump_to` among `compiler_options` the dump is written there and kept.
   """
+  compiled, dump, module = _compile_with_dump(lowered, compiler_options)
+  prep = getattr(compiled, "_prep", None)
+  if prep is None:
+    return _profile(compiled, dump, module, signature)
+  return _profile(compiled, dump, module, signature, prep.fn.name,
+                  _donate_names(compiled.plan, prep))
+
+
+def profile_of_signature(prep, lowered, plan, compiler_options=None) -> MemoryProfile:
+  """The profile of one `donate.jit` signature: its `jax.stages.Lowered` compiled again with the
+  dump, its parameters and outputs named by `plan` (`prep`: the `_signature.Prepared`)."""
+  compiled, dump, module = _compile_with_dump(lowered, compiler_options)
+  return _profile(compiled, dump, module, signature_of(prep.fn), prep.fn.name,
+                  _donate_names(plan, prep))
+
+
+def _compile_with_dump(lowered, compiler_options):
   given = (compiler_options or {}).get("xla_dump_to")  # kept: the caller reads it too
   folder = given or tempfile.mkdtemp(prefix="donate-profile-")
   try:
@@ -103,16 +120,15 @@ def profile_of_lowered(lowered, compiler_options=None, signature=None):
   finally:
     if not given:
       shutil.rmtree(folder, ignore_errors=True)
-  return _profile(compiled, dump, module, signature)
+  return compiled, dump, module
 
 
-def _profile(compiled, dump, module, signature) -> MemoryProfile:
-  stats = compiled.memory_analysis()
-  prep = getattr(compiled, "_prep", None)
-  names = _donate_names(compiled, prep) if prep is not None else _jax_names(compiled, module)
-  name = getattr(getattr(prep, "fn", None), "name", None) or module.name.removeprefix("jit_")
-  return assemble(dump, module, stats, function=name, platform=dump.platform,
-                  signature=signature, **names)
+def _profile(compiled, dump, module, signature, name=None, names=None) -> MemoryProfile:
+  """The profile of a compile and its dump (a `jax.jit` program's names unless `names`)."""
+  names = _jax_names(compiled, module) if names is None else names
+  return assemble(dump, module, compiled.memory_analysis(), platform=dump.platform,
+                  function=name or module.name.removeprefix("jit_"), signature=signature,
+                  **names)
 
 
 def _jax_names(compiled, module) -> dict:
@@ -132,10 +148,9 @@ def _jax_names(compiled, module) -> dict:
   return out
 
 
-def _donate_names(compiled, prep) -> dict:
+def _donate_names(plan, prep) -> dict:
   """Paths of a `donate.jit` program: its parameters as the plan's leaves, its outputs as the
   user's output leaves (the re-laid-out program returns them in its own order)."""
-  plan = compiled.plan
   user = [o.path for o in plan.outputs]
   order = None if prep.native or prep.inner is None else prep.inner.out_order
   out_paths = [user[j] for j in order] if order is not None else user

@@ -13,6 +13,7 @@ import inspect
 from donate import _hlo
 from donate._profile import naming
 from donate._profile import reading
+from donate._profile import shadow
 from donate._profile.model import Entry
 from donate._profile.model import Suggestion
 from donate._profile.model import Timeline
@@ -51,15 +52,16 @@ def assemble(dump: reading.Dump, module: _hlo.Module, stats, *, function: str = 
   timeline = Timeline(dump.sequence or ("(empty)",), *fixed, tuple(temp), tuple(coll))
   peak = max(range(steps), key=lambda t: temp[t] + coll[t])
   paths = {e.index: e.path for e in params}
-  live = [_temp_entry(module, b, peak, b.color in collective, paths) for b in buffers
-          if b.start <= peak < b.end]
+  at = [b for b in buffers if b.start <= peak < b.end]
+  live = [_temp_entry(module, b, peak, b.color in collective, paths) for b in at]
   at_peak = sorted(params + outs + live, key=lambda e: -e.bytes)
   advice = _could_donate(params, outs, set(donated), signature, in_shardings, out_shardings)
   sums = reading.totals(dump)
   xla_peak = getattr(stats, "peak_memory_in_bytes", None) if stats is not None else None
+  shadowed = shadow.shadows(dump, module, params, list(zip(live, at)), peak, timeline[peak].total)
   return MemoryProfile(function, platform, sums["argument"], sums["output"], sums["alias"],
                        sums["temp"], None if xla_peak is None else int(xla_peak), timeline,
-                       peak, tuple(at_peak), tuple(advice))
+                       peak, tuple(at_peak), tuple(advice), shadowed)
 
 
 def _running(diff: list[int], steps: int) -> list[int]:
@@ -93,10 +95,20 @@ def _owners(dump, module, in_paths, out_paths):
     elif reading.is_output(a):
       name = roots[k] if k is not None else (names[0] if names else "?")
       instr = module.find(name)
-      outs.append(Entry(a.size, "output", name, str(instr.shape) if instr else "?",
+      outs.append(Entry(a.size, "output", name, str(instr.shape) if instr else _root_shape(
+                            module, k),
                         naming.source_of(module, instr), out_path or "(output table)",
                         naming.scope_of(module, instr), (0, len(dump.sequence)), False, None, k))
   return params, outs
+
+
+def _root_shape(module, k) -> str:
+  """The shape of output `k` from the root tuple's (an operand XLA 0.12 spells `call.1#k`)."""
+  root = module.entry.root
+  shape = root.shape if root is not None else None
+  if k is None or shape is None or shape.elements is None or k >= len(shape.elements):
+    return "?"
+  return str(shape.element(k))
 
 
 def _temp_entry(module, buffer: reading.Buffer, step: int, collective: bool, paths) -> Entry:

@@ -142,6 +142,23 @@ def output_instructions(module: _hlo.Module) -> list[str]:
   return list(root.operands) if root.opcode == "tuple" else [root.name]
 
 
+def _returned(module: _hlo.Module, name: str, k: str) -> list[str]:
+  """What a `call`'s computation returns as tuple element `k` (its root tuple's operand, or
+  element `k` of the loop or call it returns whole)."""
+  instr = module.find(name)
+  if instr is None or instr.opcode != "call" or not k.isdigit():
+    return []
+  out = []
+  for called in instr.calls:
+    comp = module.computations.get(called)
+    root = comp.root if comp is not None else None
+    if root is not None and root.opcode == "tuple" and int(k) < len(root.operands):
+      out.append(root.operands[int(k)])
+    elif root is not None:  # a loop or call returned whole: its element k
+      out.append(f"{root.name}#{k}")
+  return out
+
+
 def value_names(module: _hlo.Module, name: str) -> set[str]:
   """The names XLA's buffer assignment may give the value of instruction `name`: its own, and
   through tuple elements, bitcasts and copies the value it forwards (`while.2{0}`)."""
@@ -149,6 +166,10 @@ def value_names(module: _hlo.Module, name: str) -> set[str]:
   while todo:
     name, depth = todo.pop()
     found.update((name, name + "{}"))
+    if "#" in name:  # XLA 0.12's dump spells tuple element k of `call.1` as `call.1#k`
+      base, _, k = name.partition("#")
+      found.add(f"{base}{{{k}}}")
+      todo += [(n, depth + 1) for n in _returned(module, base, k)]
     instr = module.find(name)
     if instr is None or depth >= _DEPTH or not instr.operands:
       continue

@@ -31,7 +31,8 @@ class MemoryProfile:
   instruction of XLA's schedule: arguments, outputs and aliased buffers are allocated for the
   whole program, temporaries (and collective memory) as XLA's live ranges say. `peak_bytes` is
   its highest point, `at_peak` every buffer live there, largest first. `explain()` says in words
-  what XLA's own figures count and why they differ.
+  what XLA's own figures count and why they differ. `shadowed` names the donations that did not
+  lower the peak: an aliased argument with a temporary of about its size live beside it there.
 
   >>> import jax, jax.numpy as jnp, donate
   >>> def step(w, x):
@@ -56,6 +57,7 @@ class MemoryProfile:
   peak_step: int
   at_peak: tuple[Entry, ...]
   could_donate: tuple[Suggestion, ...]
+  shadowed: tuple = ()  # donations that did not lower the peak (`shadow.Shadow`)
 
   @property
   def peak_bytes(self) -> int:

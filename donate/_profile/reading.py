@@ -114,10 +114,10 @@ def dump_files(folder: str, module_name: str | None = None) -> tuple[str, str]:
 
 def read_dump(folder: str, module_name: str | None = None) -> Dump:
   """Reads the dump of one compiled module (the last one in `folder` named `module_name`)."""
-  assignment, live_range = dump_files(folder, module_name)
+  assignment, ranges_file = dump_files(folder, module_name)
   with open(assignment) as fh:
     allocations = _hlo_dump.parse_buffer_assignment(fh.read())
-  with open(live_range) as fh:
+  with open(ranges_file) as fh:
     text = fh.read()
   name = os.path.basename(assignment)
   platform = next((p for p in ("gpu", "cpu", "tpu") if f"{p}_after_optimizations" in name), "?")
@@ -160,7 +160,7 @@ def totals(dump: Dump) -> dict[str, int]:
   return out
 
 
-def _live(dump: Dump, name: str) -> tuple[int, int] | None:
+def live_range(dump: Dump, name: str) -> tuple[int, int] | None:
   """[start, end) steps of value `name`, clipped to the schedule; None if XLA gives no range."""
   found = dump.ranges.get(name if "{" in name else name + "{}")
   if found is None:
@@ -177,7 +177,7 @@ def temp_buffers(dump: Dump) -> list[Buffer]:
       continue
     rows = []
     for name, size, offset in a.values:
-      live = _live(dump, name)
+      live = live_range(dump, name)
       if live is not None and size:
         rows.append([offset, offset + size, live[0], live[1], [(name, size, *live)]])
     for low, high, start, end, members in merge_overlapping(rows):

@@ -88,6 +88,10 @@ def text(p) -> str:
                                 for g in p.by_scope()[:6]]
   if p.could_donate:
     lines += ["", "could donate:"] + ["  " + _clip(str(s), WIDTH - 2) for s in p.could_donate]
+  if p.shadowed:
+    lines += ["", "donations that did not lower the peak:"]
+    for s in p.shadowed:
+      lines += _wrap(f"{s.path} -> {s.output}: {s}", WIDTH - 2, "  ")
   lines += ["", "XLA's figures:"]
   for paragraph in explain(p).splitlines():
     lines += _wrap(paragraph, WIDTH - 2, "  ")
@@ -113,6 +117,7 @@ def html(p) -> str:
       f"<td><code>{esc(e.path or '')}</code></td><td><code>{esc(e.source or '')}</code></td>"
       f"<td><code>{esc(e.scope or '')}</code></td></tr>" for e in p.at_peak[:40])
   advice = "".join(f"<li>{esc(str(s))}</li>" for s in p.could_donate)
+  shadowed = "".join(f"<li><code>{esc(s.path)}</code>: {esc(str(s))}</li>" for s in p.shadowed)
   explained = "".join(f"<li>{esc(ln)}</li>" for ln in explain(p).splitlines())
   return (f"<div><b>memory profile of {esc(p.function)}</b> ({esc(p.platform)}, per device): "
           f"peak {esc(size(p.peak_bytes))} at step {p.peak_step}, "
@@ -120,6 +125,8 @@ def html(p) -> str:
           "<table><tr><th>bytes</th><th>kind</th><th>path</th><th>source</th><th>scope</th>"
           f"</tr>{rows}</table>"
           + (f"<p>Could donate:</p><ul>{advice}</ul>" if advice else "")
+          + (f"<p>Donations that did not lower the peak:</p><ul>{shadowed}</ul>" if shadowed
+             else "")
           + f"<p>XLA's figures:</p><ul>{explained}</ul></div>")
 
 

@@ -1,0 +1,151 @@
+"""Donations that did not lower the peak: an aliased argument with a temporary of about its size
+live beside it at the peak (the pattern of openxla/xla #45912).
+
+XLA made the alias, so the output costs no buffer of its own; but the peak still holds a
+temporary the donated buffer could have held instead: either the buffer is idle at the peak (the
+argument was last read before it and the output is written after it), or the output that reuses
+the buffer is computed from that temporary (`y + s` from `y = exp(x)`; `w - lr * g` from the
+gradient `g`), so the donated buffer and the temporary are live together. Without the donation
+the output's own buffer could hold the temporary: the peak is the same either way.
+
+`shadows(dump, module, params, live, peak, peak_bytes)` is pure: the dump and module of one
+compile, the argument entries and the temporaries live at the peak in, `Shadow`s out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from donate import _hlo
+from donate._errors import message
+from donate._profile import naming
+from donate._profile import reading
+from donate._profile.model import Entry
+from donate._text import format_bytes
+
+# "About the same size": the temporary is within this fraction of the donated buffer.
+TOLERANCE = 0.125
+_FORWARD = ("bitcast", "copy", "get-tuple-element", "tuple", "reshape")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shadow:
+  """A donation that did not lower the peak.
+
+  Attributes:
+    path: the donated argument leaf.
+    output: the output that reuses its buffer.
+    bytes: the donated buffer's size (per device).
+    temporary: the temporary of about that size live beside it at the peak.
+    peak_bytes: the program's peak (`MemoryProfile.peak_bytes`).
+    idle: True when the donated buffer holds nothing live at the peak (the temporary could have
+      lived in it); False when the output is computed from the temporary.
+  """
+  path: str
+  output: str | None
+  bytes: int
+  temporary: Entry
+  peak_bytes: int
+  idle: bool
+
+  @property
+  def operation(self) -> str:
+    """The JAX primitive that made the temporary (`exp`), else its HLO value."""
+    scope = self.temporary.scope
+    return scope.rsplit("/", 1)[-1] if scope else self.temporary.value
+
+  @property
+  def where(self) -> str:
+    """`file.py:line` of the temporary, or "an unknown line"."""
+    source = self.temporary.source
+    return os.path.basename(source) if source else "an unknown line"
+
+  def __str__(self) -> str:
+    return (f"aliased, but a {format_bytes(self.temporary.bytes)} {self.temporary.kind} of "
+            f"{self.operation} at {self.where} is live with it: peak "
+            f"{format_bytes(self.peak_bytes)}")
+
+
+def about_the_same(a: int, b: int) -> bool:
+  """Whether sizes `a` and `b` differ by at most `TOLERANCE` of the larger."""
+  return abs(a - b) <= TOLERANCE * max(a, b)
+
+
+def shadows(dump: reading.Dump, module: _hlo.Module, params, live, peak: int,
+            peak_bytes: int) -> tuple[Shadow, ...]:
+  """The aliased arguments with a temporary of about their size live beside them at the peak
+  that their buffer could have held, each temporary named once, largest buffers first.
+
+  `params` are the argument entries; `live` pairs each temporary entry at the peak with its
+  `reading.Buffer` (whose values may feed the output under other names: a loop's carry).
+  """
+  by_number = {e.index: e for e in params if e.aliased and e.bytes}
+  candidates = sorted(((e, {naming.instruction_name(v[0]) for v in b.values}) for e, b in live
+                       if e.kind in ("temporary", "loop carry")), key=lambda c: -c[0].bytes)
+  found, used = [], set()
+  for a in sorted(filter(reading.on_device, dump.allocations), key=lambda a: -a.size):
+    entry = by_number.get(reading.parameter_number(a))
+    if entry is None:
+      continue
+    written = [v[0] for v in a.values if 2 * v[1] >= a.size]  # full-size values in the buffer
+    idle = not any(_live_at(dump, name, peak) for name in written)
+    feeds = _operands(module, [n for n in written if n != entry.value
+                               and naming.instruction_name(n) != entry.value])
+    for t, names in candidates:
+      if id(t) in used or not about_the_same(t.bytes, entry.bytes):
+        continue
+      if idle or names & feeds:
+        used.add(id(t))
+        found.append(Shadow(entry.path or entry.value, entry.output, entry.bytes, t, peak_bytes,
+                            idle))
+        break
+  return tuple(found)
+
+
+def _live_at(dump: reading.Dump, name: str, step: int) -> bool:
+  found = reading.live_range(dump, name)
+  return found is not None and found[0] <= step < found[1]
+
+
+def _operands(module: _hlo.Module, values) -> set[str]:
+  """The instructions whose results the instructions defining `values` read (through tuples,
+  bitcasts and copies)."""
+  found: set[str] = set()
+  todo = []
+  for value in values:
+    instr = module.find(naming.instruction_name(value))
+    if instr is not None:
+      todo += [(op, instr.computation, 0) for op in instr.operands]
+  while todo:
+    name, computation, depth = todo.pop()
+    if name in found:
+      continue
+    found.add(name)
+    if "#" in name:  # XLA 0.12's dump spells a tuple element as an operand `while.3#2`
+      todo.append((name.split("#", 1)[0], computation, depth + 1))
+    instr = module.find(name, computation)
+    if instr is not None and instr.opcode in _FORWARD and depth < 4:
+      todo += [(op, instr.computation, depth + 1) for op in instr.operands]
+  return found
+
+
+def strict_problems(found, function: str, threshold: int = 0) -> list[str]:
+  """One message (the library's shape) per donation that did not lower the peak, of at least
+  `threshold` bytes; for `strict="copies"`, which treats them like copies.
+
+  >>> from donate._profile.model import Entry
+  >>> t = Entry(16 << 20, "temporary", "exp", "f32[4194304]", "/src/f.py:6", None, "jit(f)/exp",
+  ...           (3, 25))
+  >>> print(strict_problems([Shadow("x", "out", 16 << 20, t, 32 << 20, True)], "f")[0])
+  donate: f: the donation did not lower the peak at x: expected the output to be computed in the \
+donated buffer, got aliased, but a 16.0 MiB temporary of exp at f.py:6 is live with it: peak \
+32.0 MiB. Fix: print(donate.memory_profile(f, *args)) shows the buffers at the peak; compute the \
+value in place (or change the code at f.py:6), or leave strict="copies" off to accept it.
+  """
+  return [message(
+      f"{function}: the donation did not lower the peak", path=s.path,
+      expected="the output to be computed in the donated buffer", got=str(s),
+      fix="print(donate.memory_profile(f, *args)) shows the buffers at the peak; compute the "
+      f"value in place (or change the code at {s.where}), or leave strict=\"copies\" off to "
+      "accept it") for s in found if s.bytes >= threshold]
