@@ -1,5 +1,5 @@
 """Prints every benchmark table: donation (against jax.jit), the copy report's cost (against the
-first call) and the planner (against greedy).
+first call), the cost of wide pytrees (against jax.jit) and the planner (against greedy).
 
   python benchmarks/run_all.py [--quick]
 """
@@ -17,8 +17,9 @@ def main() -> int:
   quick = ["--quick"] if "--quick" in sys.argv[1:] else []
   planner = ["--time-limit", "5"] if quick else []
   status = 0
+  cost = ["--sizes", "10,100", "--repeats", "3", "--layers", "4"] if quick else []
   for script, extra in (("bench_donation.py", quick), ("bench_copies.py", quick),
-                        ("bench_planner.py", planner)):
+                        ("bench_pytree_cost.py", cost), ("bench_planner.py", planner)):
     print(f"## {script}\n", flush=True)
     status |= subprocess.call([sys.executable, str(HERE / script), *extra])
     print(flush=True)

@@ -140,7 +140,7 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
     return _donation_plan.LeafInfo(path, (), type(aval).__name__, 0, "-", None, HOST,
                                    type(x).__name__)
   shape = tuple(aval.shape)
-  dtype = str(aval.dtype)
+  dtype = _donation_plan.dtype_name(aval.dtype)
   nbytes = aval_nbytes(aval)
   concrete = kind != HOST and not isinstance(x, jax.core.Tracer)
   sharding = getattr(x, "sharding", None) if concrete else None

@@ -17,6 +17,12 @@ from typing import Any
 import jax
 import jax.extend as jex
 
+# `jax.jit` as it was when donate was imported. Users try donate on code they did not write with
+# `jax.jit = donate.jit` before importing a framework; every `jax.jit` donate itself builds (the
+# gate, the re-laid-out inner call, the symmetric-memory check) must stay JAX's own, or the patch
+# would recurse. The rest of the package calls `_compat.jax_jit`, never `jax.jit`.
+jax_jit = jax.jit
+
 # Source lines of equations: `jax.extend` exposes `source_info` on equations but no public way to
 # turn it into "file:line (function)" text; JAX's own errors use `summarize`.
 from jax._src import source_info_util as _source_info_util

@@ -16,9 +16,12 @@ from donate import _symm
 from donate._text import format_bytes
 
 
-def realize(prep, lowered, compiled, copy_threshold: int) -> _donation_plan.DonationPlan:
+def realize(prep, lowered, compiled, copy_threshold: int,
+            with_copies: bool = True) -> _donation_plan.DonationPlan:
   """The plan with the aliases the compiled program really has, its memory figures and the
-  copies XLA added."""
+  copies XLA added (`with_copies=False`: neither the copies nor the memory figures are read yet,
+  `copies` is None; a plain call that neither prints the plan nor is strict about copies does not
+  pay for reading them: `details` reads them later)."""
   kept, n_consts = _compat.lowered_kept_leaves(lowered)
   n_refs = _compat.lowered_closed_over_refs(lowered)  # parameters after the argument leaves
   n_params = _main_param_count(lowered)
@@ -34,7 +37,7 @@ def realize(prep, lowered, compiled, copy_threshold: int) -> _donation_plan.Dona
   prep.in_paths = (["<effect token>"] * n_out_tokens + ["<constant>"] * n_consts
                    + [paths[i] if i is not None else "<constant>" for i in leaf]
                    + ["<closed-over ref>"] * n_refs)
-  copies = copies_of(prep, text, copy_threshold)
+  copies = copies_of(prep, text, copy_threshold) if with_copies else None
   realized = {}
   for param, out in _realized_aliases(text).items():
     k = out - n_out_tokens
@@ -44,7 +47,8 @@ def realize(prep, lowered, compiled, copy_threshold: int) -> _donation_plan.Dona
       continue  # a ref written back into its own buffer
     realized[leaf[param - offset]] = order[k] if order is not None else k
   shardings = _sharding_differences(prep, compiled, realized)
-  plan = prep.plan.realize(realized, _donation_plan.MemoryStats.from_compiled(compiled), shardings)
+  memory = _donation_plan.MemoryStats.from_compiled(compiled) if with_copies else None
+  plan = prep.plan.realize(realized, memory, shardings)
   placements = None
   if prep.placement is not None:  # a GPU target with marked values: where did they land?
     placements = _symm.placement_report(text, prep.comm)
@@ -52,6 +56,12 @@ def realize(prep, lowered, compiled, copy_threshold: int) -> _donation_plan.Dona
                         if n_refs else ())
   return dataclasses.replace(plan, copies=copies, copy_threshold=copy_threshold,
                              placements=placements, notes=notes)
+
+
+def details(prep, compiled, plan) -> _donation_plan.DonationPlan:
+  """The plan with the copies XLA added and the memory figures, read now (see `realize`)."""
+  return dataclasses.replace(plan, copies=copies_of(prep, compiled, plan.copy_threshold),
+                             memory=_donation_plan.MemoryStats.from_compiled(compiled))
 
 
 def with_profile(prep, lowered, plan, compiler_options=None) -> _donation_plan.DonationPlan:

@@ -63,6 +63,10 @@ class Dataflow:
 
 
 def _cap(sources: dict[int, int], cap: int) -> dict[int, int]:
+  """`sources` with every link below EXPLICIT weakened to at most `cap` (the same dict when
+  nothing changes: source dicts are never mutated once made)."""
+  if all(s <= cap or s >= EXPLICIT for s in sources.values()):
+    return sources
   return {k: (s if s >= EXPLICIT else min(s, cap)) for k, s in sources.items()}
 
 
@@ -72,6 +76,12 @@ def _merge(*dicts: dict[int, int]) -> dict[int, int]:
     for k, s in d.items():
       out[k] = max(out.get(k, 0), s)
   return out
+
+
+_EMPTY: dict[int, int] = {}  # the sources of a literal or an unknown value (never mutated)
+# Elementwise primitives no earlier rule of `_Walker._eqn` claims (see the fast path in `walk`).
+_ELEMENTWISE_ONLY = frozenset(_primitives.ELEMENTWISE - _primitives.IDENTITY - _primitives.IN_PLACE
+                              - {"scan", "while", "cond", donate_buffer_p.name, alias_p.name})
 
 
 class _Walker:
@@ -88,12 +98,23 @@ class _Walker:
     sources: dict[Any, dict[int, int]] = {}
     for v, o, s in zip(jaxpr.invars, origin_in, sources_in):
       origin[v], sources[v] = o, s
-    read = lambda v: (None, {}) if isinstance(v, jcore.Literal) else (
-        origin.get(v), sources.get(v, {}))
+    literal, nothing = jcore.Literal, (None, _EMPTY)
+    read = lambda v: nothing if isinstance(v, literal) else (origin.get(v), sources.get(v, _EMPTY))
     consumed: dict[Any, tuple[str, str]] = {}  # var -> (what consumed it, where)
     for eqn in jaxpr.eqns:
-      if self.check_consumed:
+      if consumed and self.check_consumed:
         self._check_not_consumed(eqn, consumed)
+      elif eqn.primitive.name in _ELEMENTWISE_ONLY and len(eqn.outvars) == 1:
+        # The common case, inline (a wide pytree's step is thousands of these): the sources of
+        # the operands of the result's shape, as `_eqn` would find them.
+        out = eqn.outvars[0]
+        shape = getattr(out.aval, "shape", ())
+        same = [sources.get(v, _EMPTY) for v in eqn.invars if not isinstance(v, literal)
+                and getattr(v.aval, "shape", None) == shape]
+        same = [d for d in same if d]
+        origin[out] = None
+        sources[out] = _cap(same[0] if len(same) == 1 else _merge(*same), ELEMENTWISE)
+        continue
       ins = [read(v) for v in eqn.invars]
       outs = self._eqn(eqn, ins, consumed)
       for v, (o, s) in zip(eqn.outvars, outs):
@@ -140,10 +161,11 @@ class _Walker:
     if name in _primitives.IN_PLACE:
       return [(None, _cap(ins[0][1], UPDATE))] + [(None, {})] * (len(eqn.outvars) - 1)
     if name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1:
-      out_aval = eqn.outvars[0].aval
+      shape = getattr(eqn.outvars[0].aval, "shape", ())
       same = [s for v, (_, s) in zip(eqn.invars, ins)
-              if getattr(v.aval, "shape", None) == getattr(out_aval, "shape", ())]
-      return [(None, _cap(_merge(*same), ELEMENTWISE))]
+              if s and getattr(v.aval, "shape", None) == shape]
+      merged = same[0] if len(same) == 1 else _merge(*same)
+      return [(None, _cap(merged, ELEMENTWISE))]
     if name == "scan":
       return self._scan(eqn, ins)
     if name == "while":
@@ -218,7 +240,9 @@ def analyze(closed: jcore.ClosedJaxpr, skip: int = 0) -> Dataflow:
   walker = _Walker()
   origins = [None] * skip + list(range(n))
   _, sources = walker.walk(jaxpr, origins, [{}] * skip + [{i: IDENTITY} for i in range(n)])
-  explicit = tuple(frozenset(k for k, s in src.items() if s >= EXPLICIT) for src in sources)
-  plain = tuple({k: min(s, IDENTITY) for k, s in src.items()} for src in sources)
+  none = frozenset()
+  explicit = tuple(frozenset(k for k, s in src.items() if s >= EXPLICIT)
+                   if any(s >= EXPLICIT for s in src.values()) else none for src in sources)
+  plain = tuple(_cap(src, IDENTITY) for src in sources)
   return Dataflow(tuple(walker.annotations), plain, explicit,
                   tuple(_compat.used_inputs(jaxpr)[skip:]))

@@ -16,6 +16,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from donate import _compat
 from donate import _jit
 from donate._donation_plan import MemoryStats
 from donate._text import format_bytes
@@ -62,7 +63,7 @@ def compare_swapped(n: int = 2**26, steps: int = 10) -> list[Row]:
   rows = [Row("donate.jit", plan.bytes_requested, plan.bytes_reused, plan.memory,
               _time_steps(ours, make, steps, feed))]
   for name, donated in (("jax.jit(donate_argnums=(0, 1))", (0, 1)), ("jax.jit (no donation)", ())):
-    fn = jax.jit(swapped_update, donate_argnums=donated)
+    fn = _compat.jax_jit(swapped_update, donate_argnums=donated)
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       memory = MemoryStats.from_compiled(fn.lower(*shapes).compile())

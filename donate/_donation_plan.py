@@ -165,7 +165,7 @@ class DonationPlan:
   memory: MemoryStats | None = None
   compiled: bool = False
   collective_memory_bytes: int = 0  # bytes of values marked for symmetric memory (unpacked)
-  copies: tuple = ()  # the copies XLA added (`_copies.CopyRecord`), once compiled
+  copies: tuple | None = ()  # the copies XLA added (`_copies.CopyRecord`); None: not read yet
   copy_threshold: int = 65536  # the smallest copy `copies` reports, in bytes
   placements: Any = None  # where marked values landed on a GPU target (`_symm` report)
   # The compiled program's `donate.MemoryProfile` when `.plan()` read it to check the donations
@@ -259,7 +259,7 @@ class DonationPlan:
     lines += _wrap([f"totals (global arrays): {self._totals()}"])
     if self.memory is not None:
       lines += _wrap([f"compiled (per device): {_memory_text(self.memory)}"])
-    lines += _wrap(_copies.format_copies(self.copies, self.copy_threshold), indent="      ")
+    lines += _wrap(_copies.format_copies(self.copies or (), self.copy_threshold), indent="      ")
     if self.placements is not None:
       lines += _wrap(str(self.placements).splitlines(), indent="      ")
     return "\n".join(lines)
@@ -274,7 +274,6 @@ class DonationPlan:
     if is_symbolic(self.bytes_requested) or is_symbolic(self.bytes_reused):
       text += " (symbolic: bytes in terms of dimension variables)"
     return text
-
 
   def _repr_html_(self) -> str:
     esc = html.escape
@@ -294,7 +293,7 @@ class DonationPlan:
       foot += f"; compiled, per device: {_memory_text(self.memory)}"
     foot += "</p>" + "".join(f"<p>note: {esc(n)}</p>" for n in self.notes)
     return (f"<div><b>DonationPlan for {esc(self.function)}</b><table>"
-            f"<tr>{head}</tr>{body}</table>{foot}{_copies.copies_html(self.copies)}</div>")
+            f"<tr>{head}</tr>{body}</table>{foot}{_copies.copies_html(self.copies or ())}</div>")
 
 
 NOT_A_DEVICE_BUFFER = "not donated: not a device buffer"
@@ -352,8 +351,29 @@ def sharding_text(sharding) -> str:
   return sharding_str(sharding) if sharding is not None else "unknown"
 
 
+def dtype_name(dtype) -> str:
+  """`str(dtype)`, remembered: numpy spells a dtype slowly, and a wide pytree asks thousands of
+  times for the same few.
+
+  >>> import numpy as np
+  >>> dtype_name(np.dtype("float32")), dtype_name(np.dtype("float32"))
+  ('float32', 'float32')
+  """
+  try:
+    return _DTYPE_NAMES[dtype]
+  except KeyError:
+    name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+  except TypeError:  # not hashable
+    return str(dtype)
+
+
+_DTYPE_NAMES: dict = {}
+
+
 def sharding_str(sharding) -> str:
-  """A compact name for a sharding: `cpu:0`, `P('x', None)`, `host`.
+  """A compact name for a sharding: `cpu:0`, `P('x', None)`, `host` (remembered per sharding:
+  every leaf of a wide pytree usually has one of a few).
 
   >>> import jax
   >>> sharding_str(jax.sharding.SingleDeviceSharding(jax.devices()[0]))
@@ -361,6 +381,24 @@ def sharding_str(sharding) -> str:
   """
   if sharding is None:
     return "host"
+  try:
+    return _SHARDING_NAMES[sharding]
+  except (KeyError, TypeError):
+    pass
+  text = _sharding_str(sharding)
+  try:
+    if len(_SHARDING_NAMES) > 4096:
+      _SHARDING_NAMES.clear()
+    _SHARDING_NAMES[sharding] = text
+  except TypeError:  # not hashable
+    pass
+  return text
+
+
+_SHARDING_NAMES: dict = {}
+
+
+def _sharding_str(sharding) -> str:
   spec = getattr(sharding, "spec", None)
   if spec is not None:  # str() spells unreduced / reduced axes too
     text = str(spec)

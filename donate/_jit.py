@@ -57,9 +57,9 @@ class JitWrapped:
     # keeps its type and sentence, and gains the function's name and its parameters.
     argnums = dict(donate_argnums=options.donate_argnums, donate_argnames=options.donate_argnames)
     try:
-      self._plain = jax.jit(fun, **argnums, **options.jit_kwargs)
+      self._plain = _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
       self._gated = _gate.gated_for(fun)
-      jitted = jax.jit(self._gated, **argnums, **options.jit_kwargs)
+      jitted = _compat.jax_jit(self._gated, **argnums, **options.jit_kwargs)
     except (ValueError, TypeError) as e:
       raise _keyword_error(name, fun, e) from e
     self._fn = _signature.Function(fun, name, jitted, self._gated.gate,
@@ -107,7 +107,7 @@ class JitWrapped:
     if not _compat.trace_state_clean():
       return self._nested(args, kwargs)
     prep, call = self._prepare(args, kwargs)
-    prep.compile(call)
+    prep.compile(call, with_copies=False)  # the copies are read when the plan is asked for
     prep.check_duplicates(call)
     with self._fn.gate:
       out = prep.run(args, kwargs, call.leaves)

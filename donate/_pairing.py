@@ -61,8 +61,8 @@ def grouped(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo]):
   True
   """
   kinds = [getattr(x.sharding_obj, "memory_kind", None) for x in (*leaves, *outputs)]
-  if any(k is None for k in kinds):
-    return list(leaves), list(outputs)
+  if any(k is None for k in kinds) or len(set(kinds)) == 1:
+    return list(leaves), list(outputs)  # one memory kind everywhere: it separates nothing
   n = len(leaves)
   return ([dataclasses.replace(l, group_kind=k) for l, k in zip(leaves, kinds[:n])],
           [dataclasses.replace(o, group_kind=k) for o, k in zip(outputs, kinds[n:])])
@@ -146,20 +146,51 @@ def _requests(requested: dict[int, str], flow: _dataflow.Dataflow,
   return sources, notes, ignored
 
 
-def _pair(leaves, outputs, donated, flow):
-  """Greedy maximal matching, strongest dataflow link first. Returns {leaf: (output, strength)}."""
-  candidates = []
-  for i in donated:
-    for j, out in enumerate(outputs):
-      if _compatible(leaves[i], out):
-        strength = (_dataflow.EXPLICIT if i in flow.out_explicit[j]
-                    else flow.out_sources[j].get(i, 0))
-        candidates.append((-strength, j, i))
+def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
+  """Greedy maximal matching, strongest dataflow link first. Returns {leaf: (output, strength)}.
+
+  The same matching as sorting every compatible (leaf, output) pair by (-strength, output, leaf)
+  and taking each pair whose leaf and output are both free, in time near-linear in the leaves and
+  outputs: linked pairs come from the dataflow (few per output), and the unlinked rest pairs
+  each output, in order, with the first free donated leaf of its key. With `xla_decides` (several
+  devices, an output sharding not given) an output with no dataflow link to a leaf is left to
+  XLA: its sharding is only known after partitioning.
+  """
+  donated_set = set(donated)
+  linked = []
+  for j, out in enumerate(outputs):
+    sources = dict(flow.out_sources[j]) if flow.out_sources else {}
+    for i in (flow.out_explicit[j] if flow.out_explicit else ()):
+      sources[i] = _dataflow.EXPLICIT
+    for i, strength in sources.items():
+      if strength > 0 and i in donated_set and _compatible(leaves[i], out):
+        linked.append((-strength, j, i))
   pairs, taken = {}, set()
-  for neg, j, i in sorted(candidates):
+  for neg, j, i in sorted(linked):
     if i not in pairs and j not in taken:
       pairs[i] = (j, -neg)
       taken.add(j)
+  free = collections.defaultdict(list)
+  for i in sorted(donated_set.difference(pairs)):
+    free[_key(leaves[i])].append(i)
+  for j, out in enumerate(outputs):
+    queue = free.get(_key(out))
+    if j in taken or not queue or (xla_decides and out.sharding_obj is None):
+      continue
+    k = next((k for k, i in enumerate(queue) if _compatible(leaves[i], out)), None)
+    if k is not None:
+      pairs[queue.pop(k)] = (j, 0)
+      taken.add(j)
+  return pairs
+
+
+def _first_come(leaves, outputs, donated, flow, planned):
+  """`jax.jit`'s pairs as {leaf: (output, strength)}, when only its own lowering can run a call."""
+  pairs = {}
+  for i, j in fcfs_pairs(leaves, outputs, donated).items():
+    if _compatible(leaves[i], outputs[j]):
+      strength = planned[i][1] if planned.get(i, (None,))[0] == j else 0
+      pairs[i] = (j, strength)
   return pairs
 
 
@@ -333,10 +364,17 @@ def _ref_donors(leaves, outputs, donated, xla_decides: bool, refs) -> set[int]:
   return rejected
 
 
+def _disabled(leaf, source, reason) -> LeafDecision:
+  """A requested leaf kept because JAX donates nothing in this call."""
+  return LeafDecision(leaf.path, leaf.shape, leaf.dtype, leaf.nbytes, leaf.sharding,
+                      leaf.memory_kind, True, source, KEPT, None, reason)
+
+
 def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo],
               requested: dict[int, str], flow: _dataflow.Dataflow, *,
               keep_unused: bool = False, adopt_inner: bool = False,
-              xla_decides: bool = False) -> DonationPlan:
+              xla_decides: bool = False, first_come: str = "",
+              disabled: str = "") -> DonationPlan:
   """Decides every input leaf; raises one DonationError listing every misuse found.
 
   Args:
@@ -349,6 +387,10 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
     adopt_inner: honour `jax.jit(donate_argnums=...)` of inner calls on the outer inputs.
     xla_decides: the program spans several devices and not every output sharding is given:
       `jax.jit` offers every donated input to XLA as a donor (see `_donors`).
+    first_come: why only `jax.jit`'s own lowering can run the call (custom layouts, ...): pair
+      first come, first served as `jax.jit` does, and say so in a note.
+    disabled: why JAX donates nothing in this call (`jax_debug_nans`): every requested leaf is
+      kept, with that reason.
   """
   leaves, outputs = grouped(leaves, outputs)
   sources, notes, ignored = _requests(requested, flow, adopt_inner)
@@ -358,14 +400,20 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
   # jax.jit prunes no input of a program with symbolic shapes: each one stays in the module.
   keep_unused = keep_unused or any(is_symbolic(d) for l in leaves for d in l.shape)
   used = [keep_unused or u for u in flow.used]
-  donated = [i for i in sorted(sources) if used[i] and leaves[i].is_array]
-  pairs = _pair(leaves, outputs, donated, flow)
+  donated = [] if disabled else [i for i in sorted(sources) if used[i] and leaves[i].is_array]
+  pairs = _pair(leaves, outputs, donated, flow, xla_decides)
+  if first_come:
+    pairs = _first_come(leaves, outputs, donated, flow, pairs)
+    notes.append(f"dataflow pairing not applied ({first_come}: only jax.jit's own lowering "
+                 "handles them); outputs reuse donated buffers first come, first served")
   explicit = set().union(*flow.out_explicit) if flow.out_explicit else set()
   donor_out = _donors(leaves, outputs, [i for i in donated if i not in explicit], pairs,
                       xla_decides)
   layout = _layout(leaves, outputs, pairs, donor_out, xla_decides)
   donor_out = {i: j for i, j in donor_out.items() if i in layout.donated}
-  decisions = tuple(_decide(i, leaf, sources.get(i, ""), used[i], pairs, donor_out, outputs,
-                            leaves, ignored) for i, leaf in enumerate(leaves))
-  decisions = _with_refs(decisions, leaves, outputs, used, donated, xla_decides, False)
+  decisions = tuple(
+      _disabled(leaf, sources[i], disabled) if disabled and sources.get(i) and leaf.is_array
+      else _decide(i, leaf, sources.get(i, ""), used[i], pairs, donor_out, outputs, leaves,
+                   ignored) for i, leaf in enumerate(leaves))
+  decisions = _with_refs(decisions, leaves, outputs, used, donated, xla_decides, bool(disabled))
   return DonationPlan(function, decisions, tuple(outputs), tuple(notes), layout)

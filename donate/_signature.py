@@ -128,14 +128,18 @@ class Prepared:
       return lowered
 
   def compile(self, call: _binding.Call, compiler_options=None, device_assignment=None,
-              with_profile: bool = False):
-    """`(compiled, plan)`: compiles and folds the compiled aliases into the plan (and the memory
+              with_copies: bool = True, with_profile: bool = False):
+    """`(compiled, plan)`: compiles and folds the compiled aliases into the plan (the copies XLA
+    added too, unless `with_copies=False` and the function is not strict about them; the memory
     profile, which names donations that did not lower the peak, with `with_profile` or
     `strict="copies"`: one more compile, `_compiled.with_profile`)."""
     lowered = self.lower(call)
+    with_copies = with_copies or self.fn.options.strict_copies
     with_profile = with_profile or self.fn.options.strict_copies
     with self.lock:
       if self.compiled is not None and compiler_options is None and device_assignment is None:
+        if with_copies and self.plan.copies is None:
+          self.plan = _compiled.details(self, self.compiled, self.plan)
         if with_profile and self.plan.profile is None:
           self.plan = _compiled.with_profile(self, lowered, self.plan)
         return self.compiled, self.plan
@@ -146,10 +150,19 @@ class Prepared:
         kwargs["device_assignment"] = device_assignment
       compiled = lowered.compile(**kwargs)
       options = self.fn.options
-      plan = _compiled.realize(self, lowered, compiled, options.copy_threshold)
+      plan = _compiled.realize(self, lowered, compiled, options.copy_threshold,
+                               with_copies or bool(kwargs))
       explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
       if explicit or (options.strict_unusable and len(plan.unusable) > len(self.plan.unusable)):
         raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
+      late = [d for d, was in zip(plan.decisions, self.plan.decisions)
+              if d.action == _donation_plan.UNUSABLE and was.action == _donation_plan.ALIASED]
+      if late and self.compiled is None:
+        # Planned aliases the compiled program does not have: said once per compile, as lower
+        # says the unusable donations it foresaw (a donor XLA did not reuse is silent, as in
+        # jax.jit).
+        warnings.warn(plan.explain_unusable(late), _errors.UnusableDonationWarning,
+                      stacklevel=_user_stacklevel())
       if with_profile:
         plan = _compiled.with_profile(self, lowered, plan, compiler_options)
       copied = (_copies.strict_problems(plan.copies, self.fn.name)
@@ -197,15 +210,35 @@ def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   if gpu_options:
     plan = dataclasses.replace(plan, notes=plan.notes + policy.placed_too)
   native = (marked is closed and not gpu_options
-            and _is_native(fn.options, plan, leaves, outputs, requested, flow))
-  if has_layouts or n_consts:
-    native = True  # layouts and hoisted consts: only jax.jit's own path handles them
-  if any(leaves[i].kind == _donation_plan.REF for i in requested):
-    native = True  # a ref in donate_argnums: what jax.jit makes of it (a warning, or XLA's error)
-  inner = None if native else _inner(fn, marked, plan, traced, in_sh, out_sh, gpu_options)
+            and _is_native(fn.options, plan, leaves, outputs, requested, flow)
+            and not _refs_beside_xla_donors(plan, leaves, outputs, closed))
+  if (has_layouts or n_consts) and not native:
+    # Layouts and hoisted constants: only jax.jit's own lowering handles them, so the plan is
+    # jax.jit's first-come, first-served pairing, and says so.
+    why = "custom layouts" if has_layouts else "constants hoisted into arguments"
+    plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, first_come=why)
+    native = True
+  if not native and any(leaves[i].kind == _donation_plan.REF for i in requested):
+    # A ref in donate_argnums: what jax.jit makes of it (a warning, or XLA's own error).
+    plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked,
+                            first_come="jax.Refs in donate_argnums")
+    native = True
+  inner = None if native else _inner(fn, marked, plan, traced, leaves, in_sh, out_sh,
+                                     gpu_options)
   structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
   return Prepared(fn, structure, traced, plan, native, inner, comm=tuple(comm),
                   placement=policy if gpu_options else None)
+
+
+def _refs_beside_xla_donors(plan, leaves, outputs, closed) -> bool:
+  """Whether `jax.jit` would offer donated buffers to XLA as donors (several devices, an output
+  sharding not given) in a program that writes refs back: XLA may pair a donor with a ref's
+  write-back and then rejects its own aliases (an internal error on jax 0.10 and 0.12). The
+  re-laid-out call states the shardings of the planned pairs instead (`_inner`)."""
+  refs = (any(l.kind == _donation_plan.REF for l in leaves)
+          or any(isinstance(c, jax.Ref) for c in closed.consts))
+  return (refs and any(d.consumed for d in plan.decisions) and _multi_device(leaves, outputs)
+          and any(o.sharding_obj is None for o in outputs))
 
 
 def _arguments(fn: Function, call: _binding.Call, traced):
@@ -217,19 +250,24 @@ def _arguments(fn: Function, call: _binding.Call, traced):
             else l for l, s in zip(leaves, in_sh)]
   out_paths = ["out" + tree_util.keystr(tuple(kp)) for kp, _ in tree_util.tree_flatten_with_path(
       tree_util.tree_unflatten(traced.out_tree, [0] * traced.out_tree.num_leaves))[0]]
-  outputs = [_donation_plan.OutputInfo(p, tuple(a.shape), str(a.dtype), _binding.aval_nbytes(a), s)
+  outputs = [_donation_plan.OutputInfo(p, tuple(a.shape), _donation_plan.dtype_name(a.dtype),
+                                       _binding.aval_nbytes(a), s)
              if hasattr(a, "shape") else _donation_plan.OutputInfo(p, (), type(a).__name__, 0)
              for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh)]
   return leaves, outputs, in_sh, out_sh, has_layouts
 
 
-def _make_plan(fn: Function, leaves, outputs, requested, flow, marked):
-  """The donation plan, with the symmetric-memory notes; `strict` rejects host leaves here."""
+def _make_plan(fn: Function, leaves, outputs, requested, flow, marked, first_come: str = ""):
+  """The donation plan, with the symmetric-memory notes; `strict` rejects host leaves here.
+
+  `first_come` (why only `jax.jit`'s own lowering can run this call): pair as `jax.jit` does.
+  """
   options = fn.options
   xla_decides = _multi_device(leaves, outputs) and any(o.sharding_obj is None for o in outputs)
   plan = _pairing.make_plan(fn.name, leaves, outputs, requested, flow,
-                         keep_unused=options.keep_unused, adopt_inner=options.adopt_inner,
-                         xla_decides=xla_decides)
+                            keep_unused=options.keep_unused, adopt_inner=options.adopt_inner,
+                            xla_decides=xla_decides, first_come=first_come,
+                            disabled=JAX_DISABLED if jax.config.jax_debug_nans else "")
   comm = _symm.comm_buffers(marked)
   if comm:
     plan = dataclasses.replace(
@@ -238,7 +276,19 @@ def _make_plan(fn: Function, leaves, outputs, requested, flow, marked):
   if options.strict_unusable and any(d.reason.startswith(_donation_plan.NOT_A_DEVICE_BUFFER)
                                      for d in plan.decisions if d.requested):
     raise _errors.DonationError(plan.explain_host())
+  disabled = [d.path for d in plan.decisions if d.requested and d.reason == JAX_DISABLED]
+  if options.strict_unusable and disabled:
+    raise _errors.DonationError(_errors.message(
+        f"{fn.name}: strict mode, and JAX donates nothing while jax_debug_nans is on",
+        expected="donation of " + ", ".join(disabled), got="jax_debug_nans=True",
+        fix="turn jax_debug_nans off to donate, or drop strict=True while debugging NaNs"))
   return plan, comm
+
+
+# JAX's jit donates nothing while `jax_debug_nans` is on (it may rerun the function de-optimized,
+# which needs the inputs); `jax_debug_infs` does not turn donation off.
+JAX_DISABLED = ("not donated: jax_debug_nans is on, and JAX donates nothing then (it may rerun "
+                "the function de-optimized on the same inputs)")
 
 
 def _is_native(options, plan, leaves, outputs, requested, flow) -> bool:
@@ -247,20 +297,23 @@ def _is_native(options, plan, leaves, outputs, requested, flow) -> bool:
     return False
   used = [options.keep_unused or u for u in flow.used]
   consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
-  jax_donated = [i for i in requested if used[i]]
+  jax_donated = [] if jax.config.jax_debug_nans else [i for i in requested if used[i]]
   if not consumed <= set(jax_donated):
     return False
-  if _multi_device(leaves, outputs):
-    return True  # jax.jit hands every donation to XLA as a donor; XLA pairs them either way
   fcfs = _pairing.fcfs_pairs(leaves, outputs, jax_donated)
   planned = plan.pairs()
   device = {i for i, l in enumerate(leaves) if l.kind != _donation_plan.HOST}
+  if _multi_device(leaves, outputs) and any(o.sharding_obj is None for o in outputs):
+    # jax.jit offers every donated input to XLA as a donor and XLA pairs them first come, first
+    # served after partitioning: jax.jit's own path makes the plan when its pairs agree with that.
+    return all(fcfs.get(i) == j for i, j in planned.items())
   return {i: j for i, j in fcfs.items() if i in device} == planned
 
 
-def _inner(fn: Function, closed, plan, traced, in_sh, out_sh, gpu_options) -> Inner:
+def _inner(fn: Function, closed, plan, traced, leaves, in_sh, out_sh, gpu_options) -> Inner:
   layout = plan.layout
   order = layout.out_order
+  out_sh = _pinned_out_shardings(plan, leaves, out_sh)
   gate, jaxpr, consts = fn.gate, closed.jaxpr, closed.consts
 
   def replay(*leaves):
@@ -278,13 +331,37 @@ def _inner(fn: Function, closed, plan, traced, in_sh, out_sh, gpu_options) -> In
     kwargs["in_shardings"] = tuple(in_sh)
   if any(s is not None for s in out_sh):
     kwargs["out_shardings"] = [out_sh[j] for j in order] if order is not None else list(out_sh)
-  jitted = jax.jit(replay, donate_argnums=layout.donated, **kwargs)
+  jitted = _compat.jax_jit(replay, donate_argnums=layout.donated, **kwargs)
   return Inner(jitted, order, traced.out_tree)
 
 
+def _pinned_out_shardings(plan, leaves, out_sh) -> tuple:
+  """The output shardings of the re-laid-out call: each planned output that reuses a donated
+  buffer over several devices gets that buffer's sharding when none was given.
+
+  `jax.jit` makes an input/output alias only for an output whose sharding is stated; an output
+  left to sharding propagation gets its input as a mere donor, which XLA pairs first come, first
+  served after partitioning (the full copy dataflow pairing avoids). An output planned into a
+  buffer is computed from it in place, so it takes the buffer's sharding.
+  """
+  out_sh = list(out_sh)
+  for i, j in plan.pairs().items():
+    s = leaves[i].sharding_obj
+    if out_sh[j] is None and s is not None and _num_devices(s) > 1:
+      out_sh[j] = s
+  return tuple(out_sh)
+
+
 def _multi_device(leaves, outputs) -> bool:
-  shardings = [l.sharding_obj for l in leaves] + [o.sharding_obj for o in outputs]
-  return any(_num_devices(s) > 1 for s in shardings if s is not None)
+  shardings = {}  # each distinct sharding once: a wide pytree has thousands of one or two
+  for x in (*leaves, *outputs):
+    s = x.sharding_obj
+    if s is not None:
+      try:
+        shardings.setdefault(s, s)
+      except TypeError:  # not hashable
+        shardings.setdefault(id(s), s)
+  return any(_num_devices(s) > 1 for s in shardings.values())
 
 
 def _num_devices(sharding) -> int:

@@ -238,8 +238,10 @@ class Compiled(_Stage):
     >>> [(r.nbytes, r.count, r.input_path) for r in compiled.copies()][:1]
     [(262144, 4, 'buf')]
     """
-    if threshold is None or threshold == self._plan.copy_threshold:
+    if (threshold is None or threshold == self._plan.copy_threshold) and (
+        self._plan.copies is not None):
       return self._plan.copies
+    threshold = self._plan.copy_threshold if threshold is None else threshold
     return _compiled.copies_of(self._prep, self._jax, threshold)
 
   def cost_analysis(self):
@@ -267,7 +269,6 @@ class Compiled(_Stage):
     if lowered is None:
       return _profile.memory_profile(self._jax)
     return _profile.profile_of_lowered(lowered, options, _profile.signature_of(self._prep.fn))
-
 
   def runtime_executable(self):
     return self._jax.runtime_executable()

@@ -28,3 +28,18 @@ def make_step(mesh):
     return w - 0.1 * dot(w, x) * x, loss
 
   return step
+
+
+def make_swapped_step(mesh):
+  """A momentum step whose outputs come in the other order than its inputs: `(w, m)` in,
+  `(m, w)` out. `jax.jit` pairs first come, first served (w -> out[0], m -> out[1]); dataflow
+  pairing puts each new value in its own old buffer (m -> out[0], w -> out[1])."""
+  row = jax.P("d")
+  dot = jax.shard_map(lambda w, x: jax.lax.psum(jnp.sum(w * x), "d"), mesh=mesh,
+                      in_specs=(row, row), out_specs=jax.P())
+
+  def step(w, m, x):
+    m = 0.9 * m + dot(w, x) * x
+    return m, w - 0.1 * m
+
+  return step

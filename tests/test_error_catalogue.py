@@ -192,6 +192,11 @@ def placement_missing():
   symm.placement_report(jax.jit(f).lower(x).compile().as_text(), bufs).check(strict=True)
 
 
+def debug_nans_strict():
+  with jax.debug_nans(True):
+    donate.jit(lambda x: x * 2, donate_argnums=0, strict=True)(arr())
+
+
 TRIGGERS = {
     # donate.jit arguments
     "argnums-not-int": lambda: donate.jit(lambda a, b: a, donate_argnums="0"),
@@ -201,6 +206,7 @@ TRIGGERS = {
     # calls
     "strict-host-leaf": lambda: donate.jit(lambda cfg, x: x * cfg["scale"], donate_argnums=0,
                                            strict=True)({"scale": 2.0}, arr()),
+    "strict-debug-nans": lambda: debug_nans_strict(),
     "same-array-twice": lambda: (lambda x: donate.jit(lambda p, q: (p["w"] + 1, q + 1),
                                                       donate_argnums=0)({"w": x}, x))(arr()),
     "strict-unusable": lambda: donate.jit(lambda x, y: (x + 1, y.sum()), donate_argnums=(0, 1),

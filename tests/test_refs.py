@@ -271,6 +271,70 @@ def test_compiled_output_shardings_leave_ref_write_backs_out():
   assert _compat.compiled_output_shardings(plain, 2) == jax.tree.leaves(plain.output_shardings)
 
 
+def mesh_1d():
+  return jax.sharding.Mesh(np.array(jax.devices()[:8]), ("x",))
+
+
+@pytest.mark.parametrize("spec", [P("x"), P()])
+def test_refs_beside_donated_arrays_on_eight_devices(spec):
+  sharding = NamedSharding(mesh_1d(), spec)
+  n = 1 << 12
+
+  def make():
+    return (jax.new_ref(jax.device_put(jnp.zeros(n), sharding)),
+            jax.device_put(jnp.arange(n, dtype=jnp.float32), sharding),
+            jax.device_put(-jnp.arange(n, dtype=jnp.float32), sharding))
+
+  f = donate.jit(swapped_beside_ref, donate_argnums=(1, 2))
+  plan = f.plan(*make())
+  assert plan.aliases == {"out[0]": "b", "out[1]": "a"}
+  assert plan.decisions[0].action == REF
+  want_r, *rest = make()
+  want = jax.jit(swapped_beside_ref)(want_r, *rest)
+  r, a, b = make()
+  x, y = f(r, a, b)
+  assert a.is_deleted() and b.is_deleted()
+  np.testing.assert_array_equal(x, want[0])
+  np.testing.assert_array_equal(y, want[1])
+  np.testing.assert_array_equal(r[...], want_r[...])
+  assert r.sharding == sharding
+  # Ahead of time (test_basic_sharded_aot, test_sharded_aot_mutable_sds): from the ref itself
+  # and from its abstract stand-in.
+  r, a, b = make()
+  ref_sds = jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sharding, is_ref=True)
+  for first in (r, ref_sds):
+    f.lower(first, a, a).compile()(r, *make()[1:])
+  np.testing.assert_array_equal(r[...], 2 * jnp.arange(n, dtype=jnp.float32))
+
+
+def test_donated_arrays_beside_a_sharded_ref_run_where_jax_jit_fails():
+  # jax.jit offers the donated buffers to XLA as donors (no output sharding given); XLA pairs one
+  # with the ref's write-back and rejects its own aliases. donate.jit states the pairs.
+  sharding = NamedSharding(mesh_1d(), P("x"))
+
+  def f(r, a, b):
+    r[...] += a
+    return a + 1.0, b * 2.0
+
+  def make():
+    return (jax.new_ref(jax.device_put(jnp.zeros(64), sharding)),
+            jax.device_put(jnp.arange(64.0), sharding), jax.device_put(jnp.ones(64), sharding))
+
+  r, a, b = make()
+  with pytest.raises(jax.errors.JaxRuntimeError):
+    jax.jit(f, donate_argnums=(1, 2))(r, a, b)
+  assert not a.is_deleted()
+  g = donate.jit(f, donate_argnums=(1, 2))
+  compiled = g.lower(*make()).compile()
+  assert compiled.plan.aliases == {"out[0]": "a", "out[1]": "b"}
+  assert aliases(compiled) == {1: 0, 2: 1, 0: 2}
+  x, y = g(r, a, b)
+  assert a.is_deleted() and b.is_deleted()
+  np.testing.assert_array_equal(r[...], jnp.arange(64.0))
+  np.testing.assert_array_equal(x, jnp.arange(64.0) + 1)
+  np.testing.assert_array_equal(y, jnp.full(64, 2.0))
+
+
 def nnx_model():
   with nnx.var_defaults(ref=True):
     model = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
@@ -299,3 +363,29 @@ def test_flax_nnx_module_with_ref_variables():
   plan = donate.jit(train_step).plan(*nnx_model(), x)
   refs = [d for d in plan.decisions if d.action == REF]
   assert len(refs) == len(jax.tree.leaves(nnx_model())) and refs[0].reason == WRITTEN_BACK
+
+
+def test_nnx_jit_with_donate_jit_underneath(monkeypatch):
+  # nnx.jit builds its jax.jit when it wraps the function: patched, it is a donate.jit.
+  x = jnp.ones((2, 4))
+  runs = {}
+  for name, jit in JITS.items():
+    monkeypatch.setattr(jax, "jit", jit)
+    model, opt = nnx_model()
+    step = nnx.jit(train_step)
+    monkeypatch.undo()
+    assert isinstance(step.jitted_fn, donate.jit(lambda: 0).__class__) == (name == "donate.jit")
+    runs[name] = ([float(step(model, opt, x)) for _ in range(3)], model.kernel[...])
+  assert runs["donate.jit"][0] == runs["jax.jit"][0]
+  np.testing.assert_array_equal(runs["donate.jit"][1], runs["jax.jit"][1])
+  # Donating the ref model: XLA rejects it under both, and nothing is consumed.
+  for name, jit in JITS.items():
+    monkeypatch.setattr(jax, "jit", jit)
+    model, opt = nnx_model()
+    step = nnx.jit(train_step, donate_argnames=("model", "opt"))
+    monkeypatch.undo()
+    before = model.kernel[...]
+    with pytest.raises(jax.errors.JaxRuntimeError, match="already aliased"), pytest.warns(
+        UserWarning, match="Some donated buffers were not usable"):
+      step(model, opt, x)
+    np.testing.assert_array_equal(model.kernel[...], before)

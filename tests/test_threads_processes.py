@@ -204,3 +204,9 @@ def test_two_jax_processes_run_a_donated_sharded_step_with_collectives():
     np.testing.assert_allclose(r["w"], want_w, rtol=1e-5, atol=1e-6)
   # And the step does something: w moved.
   assert not np.allclose(want_w, initial()[0])
+  for r in reports:  # the swapped momentum step: dataflow pairs over both processes
+    s = r["swapped"]
+    assert s["aliases"] == {"out[0]": "m", "out[1]": "w"}
+    assert s["hlo_alias"] and s["m_in_place"] and s["w_in_place"]
+    assert s["deleted"] == [True, True] and s["x_alive"]
+    np.testing.assert_allclose(s["got"], s["want"], rtol=1e-6)

@@ -17,6 +17,7 @@ import jax
 import jax.extend as jex
 from jax import tree_util
 
+from donate import _compat
 from donate._symm.report import PlacementReport
 from donate._symm.report import placement_report
 from donate._symm.rewrite import mark_required
@@ -99,7 +100,7 @@ def check_placement(fun, *args, donate_argnums: int | Sequence[int] = (), enable
   marked = jex.core.jaxpr_as_fun(closed)
   out_tree = tree_util.tree_structure(jax.eval_shape(fun, *args))
   wrapped = lambda *xs: tree_util.tree_unflatten(out_tree, marked(*xs))
-  lowered = jax.jit(wrapped, donate_argnums=flat_donate, **jit_kwargs).lower(*leaves)
+  lowered = _compat.jax_jit(wrapped, donate_argnums=flat_donate, **jit_kwargs).lower(*leaves)
   compiled, memory = xla_collective_memory(lowered, policy.options)
   report = placement_report(compiled.as_text(), bufs)
   return PlacementCheck(platform, policy, report, memory, 0, sum(b.nbytes for b in bufs), compiled)

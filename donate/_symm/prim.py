@@ -79,7 +79,22 @@ def _impl(x, *, axis_name, kind, source):
 
 def _abstract_eval(aval, *, axis_name, kind, source):
   del axis_name, kind, source
+  _traced[0] = True
   return aval
+
+
+_traced = [False]  # whether symmetric_p was ever traced in this process (see marks_traced)
+
+
+def note_marked() -> None:
+  """Records that a ``symmetric_p`` equation exists (made by a rewrite rather than a trace)."""
+  _traced[0] = True
+
+
+def marks_traced() -> bool:
+  """Whether any value was ever marked in a trace (else no jaxpr holds a ``symmetric_p``
+  equation: ``mark_required`` adds them only when something is registered or a context used)."""
+  return _traced[0]
 
 
 def _jvp(primals, tangents, **params):
@@ -260,6 +275,12 @@ def scope_name(axes: tuple[str, ...], kind: str) -> str:
   return name
 
 
+def contexts_used() -> bool:
+  """Whether any `symmetric_memory` context was entered in this process (else no equation can
+  have been traced inside one)."""
+  return bool(_scopes)
+
+
 def context_spec(eqn) -> tuple[tuple[str, ...], str] | None:
   """Returns ``(axes, kind)`` if ``eqn`` was traced inside ``symmetric_memory``, else None.
 
@@ -273,8 +294,8 @@ def context_spec(eqn) -> tuple[tuple[str, ...], str] | None:
   >>> context_spec(jax.make_jaxpr(jnp.sin)(1.0).eqns[0]) is None
   True
   """
-  if (eqn.primitive is symmetric_p or eqn.primitive.name in _primitives.TRACE_BACK_VIEWS
-      or eqn.source_info is None):
+  if (not _scopes or eqn.primitive is symmetric_p  # no context was ever entered: none here
+      or eqn.primitive.name in _primitives.TRACE_BACK_VIEWS or eqn.source_info is None):
     return None
   stack = str(eqn.source_info.name_stack)
   at = stack.rfind(_SCOPE_PREFIX)

@@ -23,6 +23,8 @@ from donate._jaxprs import is_var
 from donate._jaxprs import replace_subs
 from donate._jaxprs import subs
 from donate._symm.prim import context_spec
+from donate._symm.prim import contexts_used
+from donate._symm.prim import note_marked
 from donate._symm.prim import symmetric_p
 from donate._symm.registry import requirements
 from donate._compat import bound_axis_names
@@ -30,6 +32,7 @@ from donate._compat import bound_axis_names
 
 def _mark_eqn(var, out, *, axes, kind, source, source_info):
   params = dict(axis_name=axes, kind=kind, source=source)
+  note_marked()
   return jex.core.new_jaxpr_eqn([var], [out], symmetric_p, params, jex.core.no_effects,
                                 source_info)
 
@@ -124,6 +127,8 @@ def mark_required(closed_jaxpr):
   ['symmetric', 'ppermute']
   >>> registry.clear()
   """
-  new, changed = _rewrite(closed_jaxpr.jaxpr, requirements(), in_context=False,
-                         bound=bound_axis_names())
+  reqs = requirements()
+  if not reqs and not contexts_used():
+    return closed_jaxpr  # nothing registered and no context: nothing to mark
+  new, changed = _rewrite(closed_jaxpr.jaxpr, reqs, in_context=False, bound=bound_axis_names())
   return closed_jaxpr.replace(jaxpr=new) if changed else closed_jaxpr

@@ -24,6 +24,8 @@ from donate._jaxprs import is_var
 from donate._jaxprs import nbytes
 from donate._jaxprs import subs
 from donate._symm.prim import context_spec
+from donate._symm.prim import contexts_used
+from donate._symm.prim import marks_traced
 from donate._symm.prim import symmetric_p
 from donate._symm.registry import COLLECTIVE_PRIMITIVES
 from donate._symm.registry import requirements
@@ -325,6 +327,8 @@ def comm_buffers(closed_jaxpr) -> tuple[CommBuffer, ...]:
   [('sin', 16, True)]
   """
   top, cache, reqs = closed_jaxpr.jaxpr, {}, requirements()
+  if not (reqs or contexts_used() or marks_traced()):
+    return ()  # nothing marked, registered or in a context anywhere in this process
   return tuple(_finish(top, item, cache, reqs) for item in _collect(top, cache))
 
 

@@ -218,10 +218,18 @@ def target_platform(shardings, default_backend: str) -> str:
   >>> target_platform([], "cpu")
   'cpu'
   """
-  found = []
+  found, seen = [], set()
   for sharding in shardings:
+    if sharding is None:
+      continue
+    try:  # each distinct sharding once (a wide pytree's leaves share a few)
+      if sharding in seen:
+        continue
+      seen.add(sharding)
+    except TypeError:  # not hashable
+      pass
     try:
-      devices = sharding.device_set if sharding is not None else ()
+      devices = sharding.device_set
     except (ValueError, AttributeError, RuntimeError):  # abstract mesh: no devices
       devices = ()
     found += [_device_platform(d) for d in devices]

@@ -1,0 +1,161 @@
+"""What donate.jit costs on wide pytrees: fresh `lower()` and first call against `jax.jit`'s.
+
+A dict of N float32[64] leaves, all donated, each output computed from one input (`x * 2 + 1`),
+for N = 10, 100, 1000, 10000. Every sample builds fresh functions (no cache helps either side)
+and runs one of each back to back, `jax.jit` first ("in order") or donate.jit first
+("swapped"); the table gives the median ratio over the pairs. A second table times donate's own
+work (planning, `_signature.prepare`, and reading the compiled program back,
+`_compiled.realize`) within the first call of a 24-layer transformer training step (unscanned:
+one parameter and one momentum leaf per weight). Run:
+  python benchmarks/bench_pytree_cost.py [--sizes 10,100,1000,10000] [--repeats 7] [--layers 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+import donate
+from donate import _compiled
+from donate import _demo
+from donate import _signature
+
+
+def _step_factory(shift: float):
+  def step(params):
+    return {k: v * 2.0 + shift for k, v in params.items()}
+  return step
+
+
+def _params(n: int) -> dict:
+  return {f"w{i:05d}": jnp.full((64,), float(i)) for i in range(n)}
+
+
+def _once(jit, n: int, what: str, shift: float) -> float:
+  g = jit(_step_factory(shift), donate_argnums=0)
+  params = _params(n)
+  jax.block_until_ready(params)
+  t0 = time.perf_counter()
+  if what == "lower()":
+    g.lower(params)
+  else:
+    jax.block_until_ready(g(params))
+  return time.perf_counter() - t0
+
+
+def measure(n: int, what: str, repeats: int) -> dict[str, float]:
+  """Median ratio donate/jax over `repeats` pairs, for each order, and the median times."""
+  ratios = {"in order": [], "swapped": []}
+  ours, theirs = [], []
+  for k in range(repeats):
+    for order in ratios:
+      first, second = (jax.jit, donate.jit) if order == "in order" else (donate.jit, jax.jit)
+      t1 = _once(first, n, what, 2.0 * k + 0.25)
+      t2 = _once(second, n, what, 2.0 * k + 0.75)
+      t_jax, t_ours = (t1, t2) if first is jax.jit else (t2, t1)
+      ratios[order].append(t_ours / t_jax)
+      ours.append(t_ours)
+      theirs.append(t_jax)
+  return {"donate ms": statistics.median(ours) * 1e3, "jax ms": statistics.median(theirs) * 1e3,
+          **{o: statistics.median(r) for o, r in ratios.items()}}
+
+
+def table(sizes, repeats: int) -> str:
+  head = ("leaves", "stage", "donate.jit ms", "jax.jit ms", "ratio in order", "ratio swapped")
+  rows = []
+  for n in sizes:
+    for what in ("lower()", "first call"):
+      m = measure(n, what, repeats if n < 10_000 else max(3, repeats // 2))
+      rows.append((str(n), what, f"{m['donate ms']:.1f}", f"{m['jax ms']:.1f}",
+                   f"{m['in order']:.2f}x", f"{m['swapped']:.2f}x"))
+  widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+  line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+  return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+                    *map(line, rows)])
+
+
+def _transformer(layers: int, d: int = 128, ff: int = 512, heads: int = 4):
+  """Parameters, momentum and a batch of a pre-norm transformer, and its SGD-momentum step."""
+  keys = iter(jax.random.split(jax.random.key(0), 6 * layers + 2))
+  dense = lambda m, n: jax.random.normal(next(keys), (m, n)) / m ** 0.5
+  params = {"embed": dense(256, d), "layers": [
+      {"wq": dense(d, d), "wk": dense(d, d), "wv": dense(d, d), "wo": dense(d, d),
+       "w1": dense(d, ff), "w2": dense(ff, d), "ln1": jnp.ones(d), "ln2": jnp.ones(d)}
+      for _ in range(layers)]}
+  momentum = jax.tree.map(jnp.zeros_like, params)
+  tokens = jax.random.randint(next(keys), (8, 64), 0, 256)
+
+  def norm(x, g):
+    return g * (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5)
+
+  def loss(p, tokens):
+    x = p["embed"][tokens]
+    for layer in p["layers"]:
+      h = norm(x, layer["ln1"])
+      q, k, v = (jnp.reshape(h @ layer[w], (*h.shape[:2], heads, -1)) for w in ("wq", "wk", "wv"))
+      att = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / q.shape[-1] ** 0.5, axis=-1)
+      x = x + jnp.reshape(jnp.einsum("bhqk,bkhd->bqhd", att, v), x.shape) @ layer["wo"]
+      x = x + jax.nn.gelu(norm(x, layer["ln2"]) @ layer["w1"]) @ layer["w2"]
+    logits = x @ p["embed"].T
+    return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+  def step(p, m, tokens):
+    g = jax.grad(loss)(p, tokens)
+    m = jax.tree.map(lambda m, g: 0.9 * m + g, m, g)
+    return jax.tree.map(lambda p, m: p - 1e-3 * m, p, m), m
+
+  return step, params, momentum, tokens
+
+
+def own_share(layers: int, repeats: int) -> str:
+  """donate's planning and reading of the compiled program, within the first call."""
+  spent = {"plan": 0.0, "read back": 0.0}
+
+  def timed(fun, key):
+    def wrapper(*args, **kwargs):
+      t0 = time.perf_counter()
+      try:
+        return fun(*args, **kwargs)
+      finally:
+        spent[key] += time.perf_counter() - t0
+    return wrapper
+
+  prepare, realize = _signature.prepare, _compiled.realize
+  _signature.prepare, _compiled.realize = timed(prepare, "plan"), timed(realize, "read back")
+  rows = []
+  try:
+    for _ in range(repeats):
+      spent.update({"plan": 0.0, "read back": 0.0})
+      step, params, momentum, tokens = _transformer(layers)
+      t0 = time.perf_counter()
+      jax.block_until_ready(donate.jit(step, donate_argnums=(0, 1))(params, momentum, tokens))
+      total = time.perf_counter() - t0
+      rows.append((total, spent["plan"], spent["read back"]))
+  finally:
+    _signature.prepare, _compiled.realize = prepare, realize
+  total, plan, back = (statistics.median(r[k] for r in rows) for k in range(3))
+  leaves = 2 * len(jax.tree.leaves(_transformer(layers)[1]))
+  return (f"{layers}-layer transformer training step ({leaves} donated leaves), first call, "
+          f"median of {repeats}: {total * 1e3:.0f} ms; planning {plan * 1e3:.1f} ms "
+          f"({plan / total:.1%}), reading the compiled program {back * 1e3:.1f} ms "
+          f"({back / total:.1%}); together {(plan + back) / total:.1%}")
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--sizes", default="10,100,1000,10000")
+  parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--layers", type=int, default=24)
+  parser.add_argument("--own-repeats", type=int, default=1)
+  args = parser.parse_args(argv)
+  print(f"Machine: {_demo.machine()}\n")
+  print(table([int(s) for s in args.sizes.split(",")], args.repeats), "\n")
+  print(own_share(args.layers, args.own_repeats))
+
+
+if __name__ == "__main__":
+  main()

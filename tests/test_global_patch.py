@@ -1,0 +1,62 @@
+"""`jax.jit = donate.jit` before importing flax, optax and equinox: every `jax.jit` in them and in
+the user's code becomes a `donate.jit` and the training loops run as they do unpatched.
+
+Each run is its own process (the patch is process-wide): `_global_patch_worker.py` runs a flax
+linen `TrainState` loop with a user `jax.jit(donate_argnums=0)`, a flax nnx `nnx.jit` loop and an
+equinox `filter_jit(donate="all")` loop, plain and patched, and the final states must be bitwise
+equal.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flax")
+pytest.importorskip("optax")
+pytest.importorskip("equinox")
+
+WORKER = pathlib.Path(__file__).with_name("_global_patch_worker.py")
+
+
+def run_worker(mode: str, out: pathlib.Path) -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  done = subprocess.run([sys.executable, str(WORKER), mode, str(out)], capture_output=True,
+                        text=True, timeout=300, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_patched_frameworks_run_through_donate_jit_with_jax_jit_results(tmp_path):
+  plain = run_worker("plain", tmp_path / "plain.npz")
+  patched = run_worker("patched", tmp_path / "patched.npz")
+  assert patched["jax_jit_is_donate"]
+  # The user's two jax.jit calls, nnx.jit's and filter_jit's inner jax.jit at least.
+  assert patched["built"] >= 4
+  assert patched["consumed"] == plain["consumed"] and all(plain["consumed"])
+  a, b = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "patched.npz")
+  assert a.files == b.files and len(a.files) > 10
+  for name in a.files:
+    np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_donate_keeps_the_jax_jit_it_was_imported_with():
+  import jax
+  import donate
+  from donate import _compat
+
+  saved = jax.jit
+  try:
+    jax.jit = donate.jit  # donate's own inner jits must not recurse into the patch
+    f = donate.jit(lambda a, b: (b.at[0].set(1.0), a + 1.0), donate_argnums=(0, 1))
+    a, b = jax.numpy.zeros(4), jax.numpy.ones(4)
+    x, y = f(a, b)
+    assert a.is_deleted() and b.is_deleted()
+    np.testing.assert_array_equal(x, [1, 1, 1, 1])
+    assert _compat.jax_jit is saved
+  finally:
+    jax.jit = saved
