@@ -126,13 +126,15 @@ class Binding:
 
 def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   """The planner's facts about one leaf: device buffer, abstract value, ref or host value."""
-  abstract = isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray))
-  if is_ref(x):
+  abstract = False
+  if _is_device_array(x):
+    kind = DEVICE
+  elif is_ref(x):
     kind = REF
+  elif abstract := isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
+    kind = ABSTRACT
   elif isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
     kind = DEVICE
-  elif abstract:
-    kind = ABSTRACT
   else:
     kind = HOST
   aval = x if abstract else jax.typeof(x)
@@ -148,6 +150,22 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   text = _donation_plan.sharding_str(sharding) if sharding is not None or kind == HOST else "-"
   return _donation_plan.LeafInfo(path, shape, dtype, nbytes, text, memory_kind, kind,
                                  type(x).__name__, sharding)
+
+
+def _is_device_array(x) -> bool:
+  """A concrete `jax.Array` that is not a ref, by its type once seen (`isinstance` against
+  `jax.Array` and `jax.Ref` is slow, and a wide pytree asks thousands of times)."""
+  t = type(x)
+  if t in _DEVICE_TYPES:
+    return True
+  if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+      and not isinstance(x, jax.Ref)):
+    _DEVICE_TYPES.add(t)
+    return True
+  return False
+
+
+_DEVICE_TYPES: set = set()  # concrete array types seen: never refs, tracers or abstract values
 
 
 def is_ref(x) -> bool:
@@ -168,7 +186,7 @@ def is_ref(x) -> bool:
 
 def meta_key(x) -> tuple:
   """What, beyond the traced avals, decides a leaf's plan and lowering (as `jax.jit`'s MetaTy)."""
-  if isinstance(x, jax.Ref):
+  if not _is_device_array(x) and isinstance(x, jax.Ref):
     return (REF, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
     return (DEVICE, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
