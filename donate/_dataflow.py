@@ -65,6 +65,9 @@ class Dataflow:
 def _cap(sources: dict[int, int], cap: int) -> dict[int, int]:
   """`sources` with every link below EXPLICIT weakened to at most `cap` (the same dict when
   nothing changes: source dicts are never mutated once made)."""
+  if len(sources) == 1:  # the common case, without a generator
+    (k, s), = sources.items()
+    return sources if s <= cap or s >= EXPLICIT else {k: cap}
   if all(s <= cap or s >= EXPLICIT for s in sources.values()):
     return sources
   return {k: (s if s >= EXPLICIT else min(s, cap)) for k, s in sources.items()}
