@@ -137,7 +137,7 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
     kind = DEVICE
   else:
     kind = HOST
-  aval = x if abstract else jax.typeof(x)
+  aval = x if abstract else (x.aval if kind == DEVICE and hasattr(x, "aval") else jax.typeof(x))
   if not hasattr(aval, "shape"):  # a token or another value without a shape: never a buffer
     return _donation_plan.LeafInfo(path, (), type(aval).__name__, 0, "-", None, HOST,
                                    type(x).__name__)
@@ -186,10 +186,12 @@ def is_ref(x) -> bool:
 
 def meta_key(x) -> tuple:
   """What, beyond the traced avals, decides a leaf's plan and lowering (as `jax.jit`'s MetaTy)."""
-  if not _is_device_array(x) and isinstance(x, jax.Ref):
+  if _is_device_array(x):
+    return (DEVICE, x.sharding, getattr(x, "_committed", True), _compat.layout_key(x))
+  if isinstance(x, jax.Ref):
     return (REF, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-    return (DEVICE, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
+    return (DEVICE, x.sharding, getattr(x, "_committed", True), _compat.layout_key(x))
   if isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
     return (REF if is_ref(x) else ABSTRACT, getattr(x, "sharding", None))
   return (HOST, type(x))

@@ -381,8 +381,13 @@ def sharding_str(sharding) -> str:
   """
   if sharding is None:
     return "host"
+  last = _LAST_SHARDING
+  if last[0] is sharding:  # the leaves of one pytree usually share one sharding object
+    return last[1]
   try:
-    return _SHARDING_NAMES[sharding]
+    text = _SHARDING_NAMES[sharding]
+    _LAST_SHARDING[:] = [sharding, text]
+    return text
   except (KeyError, TypeError):
     pass
   text = _sharding_str(sharding)
@@ -396,6 +401,7 @@ def sharding_str(sharding) -> str:
 
 
 _SHARDING_NAMES: dict = {}
+_LAST_SHARDING: list = [None, ""]
 
 
 def _sharding_str(sharding) -> str:

@@ -353,14 +353,11 @@ def _pinned_out_shardings(plan, leaves, out_sh) -> tuple:
 
 
 def _multi_device(leaves, outputs) -> bool:
-  shardings = {}  # each distinct sharding once: a wide pytree has thousands of one or two
+  shardings = {}  # each sharding object once: a wide pytree's leaves share one or two
   for x in (*leaves, *outputs):
     s = x.sharding_obj
     if s is not None:
-      try:
-        shardings.setdefault(s, s)
-      except TypeError:  # not hashable
-        shardings.setdefault(id(s), s)
+      shardings.setdefault(id(s), s)
   return any(_num_devices(s) > 1 for s in shardings.values())
 
 

@@ -220,14 +220,9 @@ def target_platform(shardings, default_backend: str) -> str:
   """
   found, seen = [], set()
   for sharding in shardings:
-    if sharding is None:
+    if sharding is None or id(sharding) in seen:  # each object once: leaves share a few
       continue
-    try:  # each distinct sharding once (a wide pytree's leaves share a few)
-      if sharding in seen:
-        continue
-      seen.add(sharding)
-    except TypeError:  # not hashable
-      pass
+    seen.add(id(sharding))
     try:
       devices = sharding.device_set
     except (ValueError, AttributeError, RuntimeError):  # abstract mesh: no devices
