@@ -381,12 +381,13 @@ def sharding_str(sharding) -> str:
   """
   if sharding is None:
     return "host"
-  last = _LAST_SHARDING
+  global _LAST_SHARDING
+  last = _LAST_SHARDING  # one (sharding, text) pair, replaced whole: safe across threads
   if last[0] is sharding:  # the leaves of one pytree usually share one sharding object
     return last[1]
   try:
     text = _SHARDING_NAMES[sharding]
-    _LAST_SHARDING[:] = [sharding, text]
+    _LAST_SHARDING = (sharding, text)
     return text
   except (KeyError, TypeError):
     pass
@@ -401,7 +402,7 @@ def sharding_str(sharding) -> str:
 
 
 _SHARDING_NAMES: dict = {}
-_LAST_SHARDING: list = [None, ""]
+_LAST_SHARDING: tuple = (None, "")
 
 
 def _sharding_str(sharding) -> str:
