@@ -108,24 +108,33 @@ class Prepared:
     with self.lock:
       if self.lowered is not None and not lower_kwargs:
         return self.lowered
-      explicit = [d for d in self.plan.unusable if d.source.startswith("alias at ")]
-      if explicit or (self.fn.options.strict_unusable and self.plan.unusable):
-        raise _errors.DonationError("donate: " + self.plan.explain_unusable(explicit or None))
-      with self.fn.gate, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
+
+      def lower():
         if self.native:
-          lowered = self.traced.lower(**lower_kwargs)
-        else:
-          inner_traced = self.inner.jitted.trace(*call.leaves)
-          remember_donate_jit(inner_traced.jaxpr)
-          lowered = inner_traced.lower(**lower_kwargs)
-      if lower_kwargs:
-        return lowered
-      if self.plan.unusable:
-        warnings.warn(self.plan.explain_unusable(), _errors.UnusableDonationWarning,
-                      stacklevel=_user_stacklevel())
-      self.lowered = lowered
+          return self.traced.lower(**lower_kwargs)
+        inner_traced = self.inner.jitted.trace(*call.leaves)
+        remember_donate_jit(inner_traced.jaxpr)
+        return inner_traced.lower(**lower_kwargs)
+
+      lowered = self.checked_lowering(lower, warn=not lower_kwargs)
+      if not lower_kwargs:
+        self.lowered = lowered
       return lowered
+
+  def checked_lowering(self, lower: Callable[[], Any], warn: bool = True):
+    """`lower()` under the gate, JAX's own unusable-donation warning silenced; before it, an
+    explicit alias that cannot hold (or, in strict mode, any unusable donation) raises, and after
+    it the plan's per-leaf warning is given (`warn`)."""
+    explicit = [d for d in self.plan.unusable if d.source.startswith("alias at ")]
+    if explicit or (self.fn.options.strict_unusable and self.plan.unusable):
+      raise _errors.DonationError("donate: " + self.plan.explain_unusable(explicit or None))
+    with self.fn.gate, warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
+      lowered = lower()
+    if warn and self.plan.unusable:
+      warnings.warn(self.plan.explain_unusable(), _errors.UnusableDonationWarning,
+                    stacklevel=_user_stacklevel())
+    return lowered
 
   def compile(self, call: _binding.Call, compiler_options=None, device_assignment=None,
               with_copies: bool = True, with_profile: bool = False):
@@ -202,7 +211,8 @@ def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   flow = _dataflow.analyze(marked, skip=n_consts)
   leaves, outputs, in_sh, out_sh, has_layouts = _arguments(fn, call, traced)
   requested = fn.binding.donated_leaves(call)
-  plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked)
+  xla_decides = _xla_decides(leaves, outputs)
+  plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides)
   platform = _symm.target_platform([l.sharding_obj for l in leaves]
                                    + [o.sharding_obj for o in outputs], jax.default_backend())
   policy = _symm.placement_policy(platform, comm, enabled=fn.options.symmetric_placement)
@@ -210,17 +220,18 @@ def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   if gpu_options:
     plan = dataclasses.replace(plan, notes=plan.notes + policy.placed_too)
   native = (marked is closed and not gpu_options
-            and _is_native(fn.options, plan, leaves, outputs, requested, flow)
-            and not _refs_beside_xla_donors(plan, leaves, outputs, closed))
+            and _is_native(fn.options, plan, leaves, outputs, requested, flow, xla_decides)
+            and not (xla_decides and _refs_beside_donors(plan, leaves, closed)))
   if (has_layouts or n_consts) and not native:
     # Layouts and hoisted constants: only jax.jit's own lowering handles them, so the plan is
     # jax.jit's first-come, first-served pairing, and says so.
     why = "custom layouts" if has_layouts else "constants hoisted into arguments"
-    plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, first_come=why)
+    plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides,
+                            first_come=why)
     native = True
   if not native and any(leaves[i].kind == _donation_plan.REF for i in requested):
     # A ref in donate_argnums: what jax.jit makes of it (a warning, or XLA's own error).
-    plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked,
+    plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides,
                             first_come="jax.Refs in donate_argnums")
     native = True
   inner = None if native else _inner(fn, marked, plan, traced, leaves, in_sh, out_sh,
@@ -230,15 +241,14 @@ def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
                   placement=policy if gpu_options else None)
 
 
-def _refs_beside_xla_donors(plan, leaves, outputs, closed) -> bool:
-  """Whether `jax.jit` would offer donated buffers to XLA as donors (several devices, an output
-  sharding not given) in a program that writes refs back: XLA may pair a donor with a ref's
-  write-back and then rejects its own aliases (an internal error on jax 0.10 and 0.12). The
-  re-laid-out call states the shardings of the planned pairs instead (`_inner`)."""
+def _refs_beside_donors(plan, leaves, closed) -> bool:
+  """Whether a program in which `jax.jit` offers donated buffers to XLA as donors (`_xla_decides`)
+  writes refs back: XLA may pair a donor with a ref's write-back and then rejects its own aliases
+  (an internal error on jax 0.10 and 0.12). The re-laid-out call states the shardings of the
+  planned pairs instead (`_inner`)."""
   refs = (any(l.kind == _donation_plan.REF for l in leaves)
           or any(isinstance(c, jax.Ref) for c in closed.consts))
-  return (refs and any(d.consumed for d in plan.decisions) and _multi_device(leaves, outputs)
-          and any(o.sharding_obj is None for o in outputs))
+  return refs and any(d.consumed for d in plan.decisions)
 
 
 def _arguments(fn: Function, call: _binding.Call, traced):
@@ -257,13 +267,13 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   return leaves, outputs, in_sh, out_sh, has_layouts
 
 
-def _make_plan(fn: Function, leaves, outputs, requested, flow, marked, first_come: str = ""):
+def _make_plan(fn: Function, leaves, outputs, requested, flow, marked, xla_decides: bool,
+               first_come: str = ""):
   """The donation plan, with the symmetric-memory notes; `strict` rejects host leaves here.
 
   `first_come` (why only `jax.jit`'s own lowering can run this call): pair as `jax.jit` does.
   """
   options = fn.options
-  xla_decides = _multi_device(leaves, outputs) and any(o.sharding_obj is None for o in outputs)
   plan = _pairing.make_plan(fn.name, leaves, outputs, requested, flow,
                             keep_unused=options.keep_unused, adopt_inner=options.adopt_inner,
                             xla_decides=xla_decides, first_come=first_come,
@@ -291,7 +301,7 @@ JAX_DISABLED = ("not donated: jax_debug_nans is on, and JAX donates nothing then
                 "the function de-optimized on the same inputs)")
 
 
-def _is_native(options, plan, leaves, outputs, requested, flow) -> bool:
+def _is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool) -> bool:
   """Whether `jax.jit`'s own lowering makes the plan: same donated leaves, same pairs."""
   if any(a.kind != "inner_jit" or options.adopt_inner for a in flow.annotations):
     return False
@@ -303,7 +313,7 @@ def _is_native(options, plan, leaves, outputs, requested, flow) -> bool:
   fcfs = _pairing.fcfs_pairs(leaves, outputs, jax_donated)
   planned = plan.pairs()
   device = {i for i, l in enumerate(leaves) if l.kind != _donation_plan.HOST}
-  if _multi_device(leaves, outputs) and any(o.sharding_obj is None for o in outputs):
+  if xla_decides:
     # jax.jit offers every donated input to XLA as a donor and XLA pairs them first come, first
     # served after partitioning: jax.jit's own path makes the plan when its pairs agree with that.
     return all(fcfs.get(i) == j for i, j in planned.items())
@@ -350,6 +360,12 @@ def _pinned_out_shardings(plan, leaves, out_sh) -> tuple:
     if out_sh[j] is None and s is not None and _num_devices(s) > 1:
       out_sh[j] = s
   return tuple(out_sh)
+
+
+def _xla_decides(leaves, outputs) -> bool:
+  """Whether `jax.jit` offers every donated input to XLA as a donor, to pair after partitioning:
+  the program spans several devices and not every output sharding is stated."""
+  return any(o.sharding_obj is None for o in outputs) and _multi_device(leaves, outputs)
 
 
 def _multi_device(leaves, outputs) -> bool:

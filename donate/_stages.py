@@ -9,7 +9,6 @@ computation with reordered outputs), they are translated back to the user's pytr
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import jax
@@ -19,7 +18,6 @@ from donate import _compat
 from donate import _compiled
 from donate import _donation_plan
 from donate import _errors
-from donate import _signature
 
 
 def _inputs_flat(tree) -> list:
@@ -136,15 +134,7 @@ def _lower_for_export(prep, kwargs):
   unusable donations first, as every other lowering does. Symbolic shapes pair as `jax.jit` pairs
   them: by equal shape expressions."""
   plan = prep.plan
-  explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
-  if explicit or (prep.fn.options.strict_unusable and plan.unusable):
-    raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
-  with prep.fn.gate, warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
-    lowered = prep.traced.lower(**kwargs)
-  if plan.unusable:
-    warnings.warn(plan.explain_unusable(), _errors.UnusableDonationWarning,
-                  stacklevel=_signature._user_stacklevel())
+  lowered = prep.checked_lowering(lambda: prep.traced.lower(**kwargs))
   # The leaves the plan decides; others (host values exported as specs, refs) keep what
   # jax.jit's lowering gave them.
   managed = {i for i, d in enumerate(plan.decisions) if d.requested and d.action in _PLANNED}
