@@ -133,8 +133,6 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
     kind = REF
   elif abstract := isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
     kind = ABSTRACT
-  elif isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-    kind = DEVICE
   else:
     kind = HOST
   aval = x if abstract else (x.aval if kind == DEVICE and hasattr(x, "aval") else jax.typeof(x))
@@ -190,8 +188,6 @@ def meta_key(x) -> tuple:
     return (DEVICE, x.sharding, getattr(x, "_committed", True), _compat.layout_key(x))
   if isinstance(x, jax.Ref):
     return (REF, x.sharding, getattr(x, "_committed", True), getattr(x, "format", None))
-  if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-    return (DEVICE, x.sharding, getattr(x, "_committed", True), _compat.layout_key(x))
   if isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
     return (REF if is_ref(x) else ABSTRACT, getattr(x, "sharding", None))
   return (HOST, type(x))

@@ -81,6 +81,15 @@ def _merge(*dicts: dict[int, int]) -> dict[int, int]:
   return out
 
 
+def _elementwise(eqn, operand_sources: list[dict[int, int]]) -> dict[int, int]:
+  """The sources of an elementwise result: those of its operands of its own shape, weakened to
+  ELEMENTWISE (a broadcast operand is not updated in place)."""
+  shape = getattr(eqn.outvars[0].aval, "shape", ())
+  same = [s for v, s in zip(eqn.invars, operand_sources)
+          if s and getattr(v.aval, "shape", None) == shape]
+  return _cap(same[0] if len(same) == 1 else _merge(*same), ELEMENTWISE)
+
+
 _EMPTY: dict[int, int] = {}  # the sources of a literal or an unknown value (never mutated)
 # Elementwise primitives no earlier rule of `_Walker._eqn` claims (see the fast path in `walk`).
 _ELEMENTWISE_ONLY = frozenset(_primitives.ELEMENTWISE - _primitives.IDENTITY - _primitives.IN_PLACE
@@ -108,15 +117,12 @@ class _Walker:
       if consumed and self.check_consumed:
         self._check_not_consumed(eqn, consumed)
       elif eqn.primitive.name in _ELEMENTWISE_ONLY and len(eqn.outvars) == 1:
-        # The common case, inline (a wide pytree's step is thousands of these): the sources of
-        # the operands of the result's shape, as `_eqn` would find them.
+        # The common case, without `_eqn`'s per-operand pairs (a wide pytree's step is thousands
+        # of these): the same rule, `_elementwise`.
         out = eqn.outvars[0]
-        shape = getattr(out.aval, "shape", ())
-        same = [sources.get(v, _EMPTY) for v in eqn.invars if not isinstance(v, literal)
-                and getattr(v.aval, "shape", None) == shape]
-        same = [d for d in same if d]
         origin[out] = None
-        sources[out] = _cap(same[0] if len(same) == 1 else _merge(*same), ELEMENTWISE)
+        sources[out] = _elementwise(eqn, [_EMPTY if isinstance(v, literal)
+                                          else sources.get(v, _EMPTY) for v in eqn.invars])
         continue
       ins = [read(v) for v in eqn.invars]
       outs = self._eqn(eqn, ins, consumed)
@@ -164,11 +170,7 @@ class _Walker:
     if name in _primitives.IN_PLACE:
       return [(None, _cap(ins[0][1], UPDATE))] + [(None, {})] * (len(eqn.outvars) - 1)
     if name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1:
-      shape = getattr(eqn.outvars[0].aval, "shape", ())
-      same = [s for v, (_, s) in zip(eqn.invars, ins)
-              if s and getattr(v.aval, "shape", None) == shape]
-      merged = same[0] if len(same) == 1 else _merge(*same)
-      return [(None, _cap(merged, ELEMENTWISE))]
+      return [(None, _elementwise(eqn, [s for _, s in ins]))]
     if name == "scan":
       return self._scan(eqn, ins)
     if name == "while":

@@ -159,9 +159,9 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
   donated_set = set(donated)
   linked = []
   for j, out in enumerate(outputs):
-    sources = dict(flow.out_sources[j]) if flow.out_sources else {}
-    for i in (flow.out_explicit[j] if flow.out_explicit else ()):
-      sources[i] = _dataflow.EXPLICIT
+    sources = flow.out_sources[j]
+    if flow.out_explicit[j]:
+      sources = {**sources, **dict.fromkeys(flow.out_explicit[j], _dataflow.EXPLICIT)}
     for i, strength in sources.items():
       if strength > 0 and i in donated_set and _compatible(leaves[i], out):
         linked.append((-strength, j, i))
