@@ -25,6 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 from donate import _hlo  # noqa: E402
+from donate import _hlo_dump  # noqa: E402
 from donate._profile import api  # noqa: E402
 from donate._profile import reading  # noqa: E402
 
@@ -66,7 +67,7 @@ def measure(jitted, args):
   folder = tempfile.mkdtemp(prefix="bench-profile-")
   try:
     t = time.perf_counter()
-    compiled = lowered.compile(compiler_options={**api.DUMP_OPTIONS, "xla_dump_to": folder})
+    compiled = lowered.compile(compiler_options=_hlo_dump.dump_options(folder))
     dumped = time.perf_counter() - t
     t = time.perf_counter()
     module = _hlo.parse_module(compiled.as_text())

@@ -46,6 +46,16 @@ class Allocation:
   values: tuple[tuple[str, int, int], ...]
 
 
+def dump_options(directory: str) -> dict:
+  """Per-compile options that make XLA write the compiled module, its buffer assignment and live
+  ranges as text into `directory`.
+
+  >>> sorted(dump_options("/tmp/d"))
+  ['xla_dump_hlo_as_text', 'xla_dump_to']
+  """
+  return {"xla_dump_to": str(directory), "xla_dump_hlo_as_text": True}
+
+
 def parse_buffer_assignment(text: str) -> tuple[Allocation, ...]:
   """Parses a `*buffer-assignment.txt` dump into allocations (colour 0 when none is printed).
 

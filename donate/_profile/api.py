@@ -18,13 +18,11 @@ import jax
 from jax import tree_util
 
 from donate import _hlo
+from donate import _hlo_dump
 from donate._profile import errors
 from donate._profile import reading
 from donate._profile.assemble import assemble
 from donate._profile.profile import MemoryProfile
-
-DUMP_OPTIONS = {"xla_dump_hlo_as_text": True}
-
 
 def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
   """Where the memory of a compiled step goes, per device, from XLA's own buffer assignment.
@@ -108,7 +106,7 @@ def _compile_with_dump(lowered, compiler_options):
   given = (compiler_options or {}).get("xla_dump_to")  # kept: the caller reads it too
   folder = given or tempfile.mkdtemp(prefix="donate-profile-")
   try:
-    options = {**(compiler_options or {}), **DUMP_OPTIONS, "xla_dump_to": folder}
+    options = {**(compiler_options or {}), **_hlo_dump.dump_options(folder)}
     compiled = lowered.compile(compiler_options=options)
     module = _hlo.parse_module(compiled.as_text())
     try:

@@ -73,13 +73,7 @@ def collective_memory_env(nbytes: int) -> dict[str, str]:
   return {"XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB": str(collective_memory_mb(nbytes))}
 
 
-def xla_dump_options(directory: str) -> dict:
-  """Per-compile options that dump the compiled module and its buffer assignment to ``directory``.
-
-  >>> sorted(xla_dump_options("/tmp/d"))
-  ['xla_dump_hlo_as_text', 'xla_dump_to']
-  """
-  return {"xla_dump_to": str(directory), "xla_dump_hlo_as_text": True}
+xla_dump_options = _hlo_dump.dump_options  # the dump this module reads (see `_hlo_dump`)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
