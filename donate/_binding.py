@@ -90,10 +90,10 @@ class Binding:
     for k, arg in enumerate(args):
       name = self.arg_name(call.positions[k])
       for kp, idx in tree_util.tree_flatten_with_path(arg)[0]:
-        paths[idx] = name + tree_util.keystr(tuple(kp))
+        paths[idx] = name + "".join(map(str, kp))  # tree_util.keystr(kp), without its overhead
     for name, arg in kwargs.items():
       for kp, idx in tree_util.tree_flatten_with_path(arg)[0]:
-        paths[idx] = name + tree_util.keystr(tuple(kp))
+        paths[idx] = name + "".join(map(str, kp))
     return paths
 
   def donated_leaves(self, call: Call) -> dict[int, str]:
@@ -122,6 +122,28 @@ class Binding:
     new_kwargs = dict(kwargs)
     new_kwargs.update(dyn_kwargs)
     return tuple(new_args), new_kwargs
+
+
+def leaf_infos(paths: list[str], leaves: list) -> list[_donation_plan.LeafInfo]:
+  """`leaf_info` of every leaf; the facts of a device array are read once per (type, shape, dtype,
+  sharding) of the call (a wide pytree's thousands of leaves have a few of those)."""
+  seen: dict[tuple, tuple] = {}
+  out = []
+  for path, x in zip(paths, leaves):
+    if type(x) not in _DEVICE_TYPES:
+      out.append(leaf_info(path, x))
+      continue
+    aval, sharding = x.aval, x.sharding
+    key = (type(x), aval.shape, aval.dtype, id(sharding))  # the leaf keeps `sharding` alive
+    facts = seen.get(key)
+    if facts is None:
+      info = leaf_info(path, x)
+      facts = seen[key] = (info.shape, info.dtype, info.nbytes, info.sharding, info.memory_kind,
+                           info.kind, info.type_name, info.sharding_obj)
+      out.append(info)
+    else:
+      out.append(_donation_plan.LeafInfo(path, *facts))
+  return out
 
 
 def leaf_info(path: str, x) -> _donation_plan.LeafInfo:

@@ -85,9 +85,11 @@ def _elementwise(eqn, operand_sources: list[dict[int, int]]) -> dict[int, int]:
   """The sources of an elementwise result: those of its operands of its own shape, weakened to
   ELEMENTWISE (a broadcast operand is not updated in place)."""
   shape = getattr(eqn.outvars[0].aval, "shape", ())
-  same = [s for v, s in zip(eqn.invars, operand_sources)
-          if s and getattr(v.aval, "shape", None) == shape]
-  return _cap(same[0] if len(same) == 1 else _merge(*same), ELEMENTWISE)
+  same = None
+  for v, s in zip(eqn.invars, operand_sources):
+    if s and getattr(v.aval, "shape", None) == shape:
+      same = s if same is None else _merge(same, s)
+  return _EMPTY if same is None else _cap(same, ELEMENTWISE)
 
 
 _EMPTY: dict[int, int] = {}  # the sources of a literal or an unknown value (never mutated)
@@ -249,5 +251,8 @@ def analyze(closed: jcore.ClosedJaxpr, skip: int = 0) -> Dataflow:
   explicit = tuple(frozenset(k for k, s in src.items() if s >= EXPLICIT)
                    if any(s >= EXPLICIT for s in src.values()) else none for src in sources)
   plain = tuple(_cap(src, IDENTITY) for src in sources)
-  return Dataflow(tuple(walker.annotations), plain, explicit,
-                  tuple(_compat.used_inputs(jaxpr)[skip:]))
+  # An input some output's sources name is read (a source is a real data dependency); only when
+  # one is not named does dead-code elimination decide whether anything reads it.
+  named = set().union(*sources)
+  used = ((True,) * n if len(named) == n else tuple(_compat.used_inputs(jaxpr)[skip:]))
+  return Dataflow(tuple(walker.annotations), plain, explicit, used)

@@ -23,7 +23,34 @@ DEVICE, ABSTRACT, HOST = "device", "abstract", "host"
 _WIDTH = 100  # the plan's text fits in this many columns
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+def _record(cls):
+  """`cls` as a frozen, slotted dataclass whose `__init__` fills the slots through their own
+  descriptors.
+
+  The `__init__` dataclasses writes for a frozen class calls `object.__setattr__` once per field
+  (about 1 us for a `LeafInfo`); the planner makes three records per leaf, and a wide pytree has
+  thousands. Nothing else changes: assigning a field still raises `FrozenInstanceError`, and
+  equality, hashing and `dataclasses.replace` are the dataclass's own.
+
+  >>> info = OutputInfo("out", (4,), "float32", 16)
+  >>> info.nbytes, info == OutputInfo("out", (4,), "float32", 16), info.sharding_obj
+  (16, True, None)
+  """
+  cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+  fields = dataclasses.fields(cls)
+  assert all(f.default_factory is dataclasses.MISSING for f in fields), cls
+  params = ", ".join(f.name if f.default is dataclasses.MISSING else f"{f.name}=_d_{f.name}"
+                     for f in fields)
+  body = "".join(f"\n  _s_{f.name}(self, {f.name})" for f in fields)
+  scope = {f"_s_{f.name}": cls.__dict__[f.name].__set__ for f in fields}
+  scope.update({f"_d_{f.name}": f.default for f in fields if f.default is not dataclasses.MISSING})
+  exec(f"def __init__(self, {params}):{body}", scope)  # as dataclasses makes its own __init__
+  scope["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
+  cls.__init__ = scope["__init__"]
+  return cls
+
+
+@_record
 class LeafInfo:
   """Static facts about one input leaf.
 
@@ -50,7 +77,7 @@ class LeafInfo:
     return self.kind in (DEVICE, ABSTRACT)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_record
 class OutputInfo:
   """Static facts about one output leaf (`sharding_obj` when `out_shardings` fixes it)."""
   path: str
@@ -61,7 +88,7 @@ class OutputInfo:
   group_kind: str | None = None  # the memory kind jax.jit pairs by (see _pairing.grouped)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@_record
 class LeafDecision:
   """What happens to one input leaf.
 

@@ -173,7 +173,7 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
   free = collections.defaultdict(list)
   for i in sorted(donated_set.difference(pairs)):
     free[_key(leaves[i])].append(i)
-  for j, out in enumerate(outputs):
+  for j, out in enumerate(outputs if free else ()):
     queue = free.get(_key(out))
     if j in taken or not queue or (xla_decides and out.sharding_obj is None):
       continue
@@ -245,7 +245,7 @@ def _layout(leaves, outputs, pairs, donor_out, xla_decides: bool = False) -> Lay
   order = by_input + [j for j in range(len(outputs)) if j not in paired_out]
   # A donor must not come before a paired input of its own group: it would take that output.
   last_paired = {}
-  for i in pairs:
+  for i in pairs if donor_out else ():
     last_paired[_key(leaves[i])] = max(i, last_paired.get(_key(leaves[i]), -1))
   donors = [i for i in donor_out if xla_decides or i > last_paired.get(_key(leaves[i]), -1)]
   donated = tuple(sorted(set(pairs) | set(donors)))
@@ -398,7 +398,8 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
   if problems:
     raise _errors.DonationError("\n".join(problems))
   # jax.jit prunes no input of a program with symbolic shapes: each one stays in the module.
-  keep_unused = keep_unused or any(is_symbolic(d) for l in leaves for d in l.shape)
+  keep_unused = keep_unused or any(is_symbolic(d) for shape in {l.shape for l in leaves}
+                                   for d in shape)
   used = [keep_unused or u for u in flow.used]
   donated = [] if disabled else [i for i in sorted(sources) if used[i] and leaves[i].is_array]
   pairs = _pair(leaves, outputs, donated, flow, xla_decides)

@@ -254,16 +254,24 @@ def _refs_beside_donors(plan, leaves, closed) -> bool:
 def _arguments(fn: Function, call: _binding.Call, traced):
   """The argument leaves and outputs as the planner sees them, and the traced shardings."""
   paths = fn.binding.paths(call)
-  leaves = [_binding.leaf_info(p, x) for p, x in zip(paths, call.leaves)]
+  leaves = _binding.leaf_infos(paths, call.leaves)
   in_sh, out_sh, has_layouts = _compat.traced_flat_shardings(traced)
   leaves = [dataclasses.replace(l, sharding_obj=s) if l.sharding_obj is None and s is not None
             else l for l, s in zip(leaves, in_sh)]
-  out_paths = ["out" + tree_util.keystr(tuple(kp)) for kp, _ in tree_util.tree_flatten_with_path(
+  out_paths = ["out" + "".join(map(str, kp)) for kp, _ in tree_util.tree_flatten_with_path(
       tree_util.tree_unflatten(traced.out_tree, [0] * traced.out_tree.num_leaves))[0]]
-  outputs = [_donation_plan.OutputInfo(p, tuple(a.shape), _donation_plan.dtype_name(a.dtype),
-                                       _binding.aval_nbytes(a), s)
-             if hasattr(a, "shape") else _donation_plan.OutputInfo(p, (), type(a).__name__, 0)
-             for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh)]
+  facts: dict[tuple, tuple] = {}  # (shape, dtype) -> the output's facts, read once per call
+  outputs = []
+  for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh):
+    if not hasattr(a, "shape"):
+      outputs.append(_donation_plan.OutputInfo(p, (), type(a).__name__, 0))
+      continue
+    key = (a.shape, a.dtype)
+    fact = facts.get(key)
+    if fact is None:
+      fact = facts[key] = (tuple(a.shape), _donation_plan.dtype_name(a.dtype),
+                           _binding.aval_nbytes(a))
+    outputs.append(_donation_plan.OutputInfo(p, *fact, s))
   return leaves, outputs, in_sh, out_sh, has_layouts
 
 
