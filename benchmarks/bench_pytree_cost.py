@@ -3,7 +3,10 @@
 A dict of N float32[64] leaves, all donated, each output computed from one input (`x * 2 + 1`),
 for N = 10, 100, 1000, 10000. Every sample builds fresh functions (no cache helps either side)
 and runs one of each back to back, `jax.jit` first ("in order") or donate.jit first
-("swapped"); the table gives the median ratio over the pairs. A second table times donate's own
+("swapped"); the table gives the median ratio over the pairs. Each sample starts after
+`gc.collect()`, so a full collection that the previous sample's garbage made due (about 50 ms at
+1000 leaves, and it falls on whichever side comes second) does not decide the ratio; collections
+a sample's own allocations trigger are timed with it. A second table times donate's own
 work (planning, `_signature.prepare`, and reading the compiled program back,
 `_compiled.realize`) within the first call of a 24-layer transformer training step (unscanned:
 one parameter and one momentum leaf per weight). Run:
@@ -13,6 +16,7 @@ one parameter and one momentum leaf per weight). Run:
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -39,6 +43,7 @@ def _once(jit, n: int, what: str, shift: float) -> float:
   g = jit(_step_factory(shift), donate_argnums=0)
   params = _params(n)
   jax.block_until_ready(params)
+  gc.collect()  # every sample starts from the same heap: no collection the other side left due
   t0 = time.perf_counter()
   if what == "lower()":
     g.lower(params)

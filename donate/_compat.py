@@ -226,14 +226,24 @@ def backends_are_initialized() -> bool:
   return bool(_xla_bridge.backends_are_initialized())
 
 
-# Tracebacks: JAX hides its own frames from the tracebacks users see; donate's frames between the
-# user's call and JAX's are hidden the same way. No public API registers a path for that.
+# Tracebacks: JAX hides its own frames from the tracebacks users see and from the source locations
+# it gives equations and HLO; donate's frames between the user's call and JAX's are hidden the
+# same way. No public API registers a path for either.
 from jax._src import traceback_util as _traceback_util
 
 
-def hide_from_tracebacks(path: str) -> None:
-  """Hides frames from files under `path` in JAX's filtered tracebacks, as JAX's own are."""
+def hide_from_tracebacks(path: str, shown: tuple[str, ...] = ()) -> None:
+  """Hides frames from files under `path` as JAX's own are: in JAX's filtered tracebacks and in
+  its user frames (error messages, and the locations a lowered module carries, which are then
+  those `jax.jit` gives the same program); the files `shown` (under `path`) stay user code.
+
+  >>> _source_info_util.is_user_filename(__file__)
+  False
+  """
   _traceback_util.register_exclusion(path)
+  _source_info_util.register_exclusion(path)
+  for file in shown:
+    _source_info_util.register_inclusion(file)
 
 
 def clear_cpp_cache(jitted) -> None:

@@ -33,7 +33,9 @@ from donate import _stages
 from donate._primitives import donate_buffer_p
 from donate._primitives import remember_donate_jit
 
-_compat.hide_from_tracebacks(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+_compat.hide_from_tracebacks(os.path.dirname(os.path.abspath(__file__)) + os.sep,
+                             shown=(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "_examples.py"),))  # the demo's programs
 
 
 class JitWrapped:

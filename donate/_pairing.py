@@ -60,6 +60,8 @@ def grouped(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo]):
   >>> grouped([leaf], [OutputInfo("out", (4,), "float32", 16)])[0][0].group_kind is None
   True
   """
+  if any(o.sharding_obj is None for o in outputs):  # an output without one: no memory kind
+    return list(leaves), list(outputs)
   kinds = [getattr(x.sharding_obj, "memory_kind", None) for x in (*leaves, *outputs)]
   if any(k is None for k in kinds) or len(set(kinds)) == 1:
     return list(leaves), list(outputs)  # one memory kind everywhere: it separates nothing

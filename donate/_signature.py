@@ -213,10 +213,12 @@ def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   requested = fn.binding.donated_leaves(call)
   xla_decides = _xla_decides(leaves, outputs)
   plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides)
-  platform = _symm.target_platform([l.sharding_obj for l in leaves]
-                                   + [o.sharding_obj for o in outputs], jax.default_backend())
-  policy = _symm.placement_policy(platform, comm, enabled=fn.options.symmetric_placement)
-  gpu_options = dict(policy.options)
+  policy, gpu_options = None, {}
+  if comm:  # values marked for symmetric memory: placed when the program compiles for GPUs
+    platform = _symm.target_platform([l.sharding_obj for l in leaves]
+                                     + [o.sharding_obj for o in outputs], jax.default_backend())
+    policy = _symm.placement_policy(platform, comm, enabled=fn.options.symmetric_placement)
+    gpu_options = dict(policy.options)
   if gpu_options:
     plan = dataclasses.replace(plan, notes=plan.notes + policy.placed_too)
   native = (marked is closed and not gpu_options

@@ -481,3 +481,17 @@ def test_a_new_signature_planned_on_the_way_keeps_jax_jits_cpp_dispatch():
     for _ in range(2):
       s(fours.pop(), fours.pop())
     assert count() == 1
+
+
+def test_the_lowered_module_carries_jax_jits_source_locations():
+  """donate's own frames (its gate, its planning) are hidden as JAX's are: the lowered module,
+  locations included, is the one `jax.jit` lowers, and none of them names a donate file."""
+  def step(x):
+    return jnp.sin(x) * 2.0 + 1.0
+
+  x = jnp.ones(8)
+  texts = [jit(step, donate_argnums=0).lower(x).as_text(debug_info=True)
+           for jit in (jax.jit, donate.jit)]
+  assert texts[0] == texts[1]
+  assert "_gate.py" not in texts[1] and "_jit.py" not in texts[1]
+  assert "test_dropin.py" in texts[1]
