@@ -343,6 +343,18 @@ def parse_shape(text: str) -> Shape:
   return Shape(m.group(1), dims, None, rest[:_close(rest, 0)] if rest.startswith("{") else None)
 
 
+def tuple_element(name: str) -> tuple[str, int | None]:
+  """`(instruction, k)` for an operand that names element `k` of a tuple-shaped value, as XLA
+  0.12's dumped modules spell it in place of a `get-tuple-element` (`while.1#2`); `(name, None)`
+  for any other operand.
+
+  >>> tuple_element("while.1#2"), tuple_element("add.3")
+  (('while.1', 2), ('add.3', None))
+  """
+  base, sep, k = name.rpartition("#")
+  return (base, int(k)) if sep and base and k.isdigit() else (name, None)
+
+
 def _operand_name(text: str) -> str:
   text = text.strip()
   if text.startswith("%") and " " not in text:

@@ -243,9 +243,10 @@ class Compiled(_Stage):
   def memory_profile(self):
     """Where this program's memory goes, from XLA's buffer assignment (`donate.MemoryProfile`).
 
-    A compiled executable keeps no buffer assignment to read, so the lowered program is compiled
-    again with XLA's dump of it (a per-compile option; the program is the same): this costs one
-    compile, and only when asked.
+    A CPU program carries its buffer assignment (`memory_analysis()`), which is read as it is.
+    Other compiles (an H100 program compiled ahead of time) carry none: the lowered program is
+    compiled again with XLA's dump of it (a per-compile option; the program is the same), which
+    costs one compile, and only when asked.
 
     >>> import jax.numpy as jnp, donate
     >>> compiled = donate.jit(lambda x: jnp.exp(x) + 1, donate_argnums=0).lower(
@@ -256,9 +257,8 @@ class Compiled(_Stage):
     """
     from donate import _profile
     lowered, options = getattr(self, "_lowered", (None, None))
-    if lowered is None:
-      return _profile.memory_profile(self._jax)
-    return _profile.profile_of_lowered(lowered, options, _profile.signature_of(self._prep.fn))
+    return _profile.profile_of_compiled(self, _profile.signature_of(self._prep.fn), lowered,
+                                        options)
 
   def runtime_executable(self):
     return self._jax.runtime_executable()

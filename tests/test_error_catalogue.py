@@ -81,6 +81,12 @@ def arr(n=8, dtype=jnp.float32):
   return jax.jit(jnp.copy)(jnp.zeros((n,), dtype))
 
 
+def h100_arg(n=8):
+  """An abstract array on one H100 compiled for ahead of time (needs the gpu-aot extra)."""
+  sharding = jax.sharding.NamedSharding(targets.gpu_mesh("h100", 1), jax.P())
+  return jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sharding)
+
+
 def mesh(n=2):
   return jax.make_mesh((n,), ("i",), axis_types=(jax.sharding.AxisType.Auto,),
                        devices=jax.devices()[:n])
@@ -274,7 +280,7 @@ TRIGGERS = {
     # memory profiles
     "profile-not-jitted": lambda: donate.memory_profile(lambda x: x, 1.0),
     "profile-no-buffer-assignment": lambda: donate.memory_profile(
-        jax.jit(jnp.sin).lower(arr()).compile()),
+        jax.jit(jnp.sin).lower(h100_arg()).compile()),
     "profile-unknown-device": lambda: donate.memory_profile(jax.jit(jnp.sin), arr()).fits("a100"),
 }
 

@@ -200,6 +200,45 @@ def test_input_output_alias_header():
   assert _hlo.parse_module(SYNC_S7).aliases == {}
 
 
+# jaxlib 0.12's dumped module (`*after_optimizations.txt`; `as_text()` still prints the
+# get-tuple-elements): an operand `%state#1` is element 1 of the tuple-shaped `state`.
+ELEMENTS_012 = """\
+HloModule jit_f, is_scheduled=true
+
+%body (state: (s32[], f32[64])) -> (s32[], f32[64]) {
+  %state = (s32[], f32[64]{0}) parameter(0)
+  %one = s32[] constant(1)
+  %next = s32[] add(%state#0, %one)
+  ROOT %out = (s32[], f32[64]{0}) tuple(%next, %state#1)
+}
+
+%cond (state.1: (s32[], f32[64])) -> pred[] {
+  %state.1 = (s32[], f32[64]{0}) parameter(0)
+  %n = s32[] constant(8)
+  ROOT %lt = pred[] compare(%state.1#0, %n), direction=LT
+}
+
+ENTRY %main (x: f32[64]) -> (f32[64]) {
+  %x = f32[64]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[64]{0}) tuple(%zero, %x)
+  %while.1 = (s32[], f32[64]{0}) while(%init), condition=%cond, body=%body
+  ROOT %t = (f32[64]{0}) tuple(%while.1#1)
+}
+"""
+
+
+def test_tuple_elements_spelled_as_operands():
+  m = _hlo.parse_module(ELEMENTS_012)
+  assert m.entry.root.operands == ("while.1#1",)
+  assert _hlo.tuple_element(m.entry.root.operands[0]) == ("while.1", 1)
+  body = m.computations["body"]
+  assert [_hlo.tuple_element(o) for o in body.get("next").operands] == [("state", 0),
+                                                                      ("one", None)]
+  assert _hlo.tuple_element("fusion#x") == ("fusion#x", None)
+  assert m.find("while.1").shape.element(1).dims == (64,)
+
+
 def test_no_entry_is_an_error():
   with pytest.raises(ValueError, match="ENTRY"):
     _hlo.parse_module(WHILE.replace("ENTRY ", ""))

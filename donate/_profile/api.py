@@ -1,11 +1,17 @@
-"""`memory_profile(jitted, *args, **kwargs)`: compile with XLA's dump of the buffer assignment,
-read it, and name every buffer in the user's terms.
+"""`memory_profile(jitted, *args, **kwargs)`: read XLA's buffer assignment of a compiled program
+and name every buffer in the user's terms.
 
-XLA writes its buffer assignment and live ranges only when asked to (`xla_dump_to`, a per-compile
-option, so nothing else in the process changes): the program is compiled once with that option
-into a temporary folder, which is read and removed. The compiled program is the same one (the
-dump options change what XLA writes, not what it compiles); `Compiled.memory_profile()` compiles
-its lowered program again that way.
+Two sources give the same `reading.Dump`:
+
+- a compiled program that carries its buffer assignment (`memory_analysis()
+  .serialized_buffer_assignment_proto`, filled for CPU programs) is read as it is, no compile
+  (`liverange`: the live ranges are recomputed with XLA's rules);
+- otherwise XLA writes its buffer assignment and live ranges when asked to (`xla_dump_to`, a
+  per-compile option, so nothing else in the process changes): the lowered program is compiled
+  once with that option into a temporary folder, which is read and removed. The compiled program
+  is the same one (the dump options change what XLA writes, not what it compiles). A
+  `jax.stages.Compiled` without a buffer assignment (an H100 program compiled ahead of time) has
+  no lowered program to compile again: it is refused with a catalogued error.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from jax import tree_util
 from donate import _hlo
 from donate import _hlo_dump
 from donate._profile import errors
+from donate._profile import liverange
+from donate._profile import naming
+from donate._profile import proto
 from donate._profile import reading
 from donate._profile.assemble import assemble
 from donate._profile.profile import MemoryProfile
@@ -29,16 +38,17 @@ def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
 
   Args:
     jitted: a `jax.jit` or `donate.jit` function (then `args`/`kwargs` are its call arguments,
-      arrays or `jax.ShapeDtypeStruct`s, as for `.lower`), a `Lowered` of one, or a
-      `donate.jit` `Compiled`.
+      arrays or `jax.ShapeDtypeStruct`s, as for `.lower`), a `Lowered` of one, a `donate.jit`
+      `Compiled`, or a `jax.stages.Compiled` that carries its buffer assignment (CPU programs).
     *args, **kwargs: the call arguments.
 
   Returns:
     A `donate.MemoryProfile`.
 
   Raises:
-    DonationError: `jitted` cannot be lowered, or is a `jax.stages.Compiled` alone (it keeps no
-      buffer assignment to read). A function that does not trace or compile raises JAX's error.
+    DonationError: `jitted` cannot be lowered, or is a `jax.stages.Compiled` without a buffer
+      assignment (an H100 program compiled ahead of time: pass the function and its arguments, or
+      its `Lowered`). A function that does not trace or compile raises JAX's error.
 
   >>> import jax, jax.numpy as jnp, donate
   >>> def f(x):
@@ -49,12 +59,14 @@ def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
   (True, 4194304)
   >>> [e.kind for e in p.at_peak][:2]
   ['argument', 'temporary']
+  >>> compiled = jax.jit(f, donate_argnums=0).lower(jnp.ones(2**20)).compile()
+  >>> donate.memory_profile(compiled).peak_bytes == p.peak_bytes  # read, not compiled again
+  True
   """
   if hasattr(jitted, "_prep") and hasattr(jitted, "memory_profile"):
     return jitted.memory_profile()
   if isinstance(jitted, jax.stages.Compiled):
-    errors.no_buffer_assignment(jitted, "a jax.stages.Compiled keeps neither (nor its lowered "
-                                "program to compile again)")
+    return profile_of_compiled(jitted)
   if isinstance(jitted, jax.stages.Lowered) or _is_donate_lowered(jitted):
     lowered = jitted
   elif callable(getattr(jitted, "lower", None)):
@@ -79,6 +91,39 @@ def _signature(fn):
 def signature_of(function) -> inspect.Signature | None:
   """The signature of a `donate.jit` function's user function (for `donate_argnums` advice)."""
   return _signature(getattr(function, "fun", function))
+
+
+def dump_of_compiled(compiled) -> reading.Dump | None:
+  """The buffer assignment `compiled` carries, with XLA's live ranges and schedule, as the dump
+  files give them (`liverange`); None when it carries none (an empty proto)."""
+  stats = compiled.memory_analysis()
+  data = getattr(stats, "serialized_buffer_assignment_proto", b"") if stats is not None else b""
+  if not data:
+    return None
+  executable = compiled.runtime_executable()
+  hlo = executable.hlo_modules()[0].as_serialized_hlo_module_proto()
+  return liverange.dump_of(proto.buffer_assignment(data), proto.module(hlo),
+                           executable.client.platform)
+
+
+def profile_of_compiled(compiled, signature=None, lowered=None, compiler_options=None):
+  """The profile of `compiled` from the buffer assignment it carries; without one, `lowered`
+  (its lowered program) compiled again with XLA's dump, else `errors.no_buffer_assignment`."""
+  dump = dump_of_compiled(compiled)
+  if dump is None and lowered is not None:
+    return profile_of_lowered(lowered, compiler_options, signature)
+  if dump is None:
+    errors.no_buffer_assignment(compiled, "this one carries none: its memory_analysis()"
+                                ".serialized_buffer_assignment_proto is empty (jaxlib fills it "
+                                "for CPU programs, not for GPU programs compiled ahead of time), "
+                                "and a jax.stages.Compiled keeps no lowered program to compile "
+                                "again with XLA's dump")
+  module = _hlo.parse_module(compiled.as_text())
+  prep = getattr(compiled, "_prep", None)
+  if prep is None:
+    return _profile(compiled, dump, module, signature)
+  return _profile(compiled, dump, module, signature, prep.fn.name,
+                  _donate_names(compiled.plan, prep))
 
 
 def profile_of_lowered(lowered, compiler_options=None, signature=None):
@@ -113,12 +158,20 @@ def _compile_with_dump(lowered, compiler_options):
       dump = reading.read_dump(folder, module.name)
     except FileNotFoundError:
       errors.no_buffer_assignment(compiled, "XLA wrote no buffer assignment for it")
-    if dump.hlo_text is not None:
+    if dump.hlo_text is not None and not _names_every_value(module, dump):
       module = _hlo.parse_module(dump.hlo_text)
   finally:
     if not given:
       shutil.rmtree(folder, ignore_errors=True)
   return compiled, dump, module
+
+
+def _names_every_value(module, dump) -> bool:
+  """Whether `module` (`as_text()`, which a compiled program alone also has) defines every value
+  of the buffer assignment. XLA:GPU's dumped module also has the kernels of asynchronous fusions
+  that `as_text()` leaves out; where nothing is missing, both sources read the same text."""
+  return all(module.find(naming.instruction_name(v[0])) is not None
+             for a in dump.allocations for v in a.values)
 
 
 def _profile(compiled, dump, module, signature, name=None, names=None) -> MemoryProfile:

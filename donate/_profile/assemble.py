@@ -49,19 +49,21 @@ def assemble(dump: reading.Dump, module: _hlo.Module, stats, *, function: str = 
   temp, coll = _running(temp, steps), _running(coll, steps)
   fixed = (sum(e.bytes for e in params if not e.aliased), sum(e.bytes for e in outs),
            sum(e.bytes for e in params if e.aliased))
-  timeline = Timeline(dump.sequence or ("(empty)",), *fixed, tuple(temp), tuple(coll))
+  constants = _constants(dump, module, steps)
+  timeline = Timeline(dump.sequence or ("(empty)",), *fixed, tuple(temp), tuple(coll),
+                      sum(e.bytes for e in constants))
   peak = max(range(steps), key=lambda t: temp[t] + coll[t])
   paths = {e.index: e.path for e in params}
   at = [b for b in buffers if b.start <= peak < b.end]
   live = [_temp_entry(module, b, peak, b.color in collective, paths) for b in at]
-  at_peak = sorted(params + outs + live, key=lambda e: -e.bytes)
+  at_peak = sorted(params + outs + constants + live, key=lambda e: -e.bytes)
   advice = _could_donate(params, outs, set(donated), signature, in_shardings, out_shardings)
   sums = reading.totals(dump)
   xla_peak = getattr(stats, "peak_memory_in_bytes", None) if stats is not None else None
   shadowed = shadow.shadows(dump, module, params, list(zip(live, at)), peak, timeline[peak].total)
   return MemoryProfile(function, platform, sums["argument"], sums["output"], sums["alias"],
                        sums["temp"], None if xla_peak is None else int(xla_peak), timeline,
-                       peak, tuple(at_peak), tuple(advice), shadowed)
+                       peak, tuple(at_peak), tuple(advice), shadowed, timeline.constants)
 
 
 def _running(diff: list[int], steps: int) -> list[int]:
@@ -100,6 +102,20 @@ def _owners(dump, module, in_paths, out_paths):
                         naming.source_of(module, instr), out_path or "(output table)",
                         naming.scope_of(module, instr), (0, len(dump.sequence)), False, None, k))
   return params, outs
+
+
+def _constants(dump, module, steps: int) -> list[Entry]:
+  """One entry per constant allocation: a literal of the program, which XLA keeps on the device
+  for the whole program (none of `memory_analysis()`'s four figures counts it)."""
+  found = []
+  for a in filter(reading.on_device, dump.allocations):
+    if reading.is_constant(a) and a.values:
+      value = a.values[0][0]
+      instr = module.find(naming.instruction_name(value))
+      found.append(Entry(a.size, "constant", value, str(instr.shape) if instr else "?",
+                         naming.source_of(module, instr), None, naming.scope_of(module, instr),
+                         (0, steps)))
+  return found
 
 
 def _root_shape(module, k) -> str:

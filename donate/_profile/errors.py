@@ -17,10 +17,11 @@ def unknown_device(device):
 def no_buffer_assignment(obj, missing: str):
   """A compiled object whose buffer assignment cannot be read (`missing` says what is not there)."""
   raise DonationError(message(
-      f"memory_profile reads XLA's buffer assignment and live ranges of a compiled program, and "
-      f"{missing}", got=type(obj).__name__,
+      f"memory_profile reads XLA's buffer assignment of a compiled program, and {missing}",
+      got=type(obj).__name__,
       fix="pass the jax.jit or donate.jit function with its arguments "
-      "(donate.memory_profile(f, *args)), its Lowered, or a donate.jit Compiled"))
+      "(donate.memory_profile(f, *args)) or its Lowered: they are compiled with XLA's dump of the "
+      "buffer assignment (a donate.jit Compiled keeps its Lowered and does the same)"))
 
 
 def not_a_jitted_function(obj):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from donate._gpu_targets import SPECS
 from donate._text import format_bytes
 
-KINDS = ("argument", "output", "temporary", "copy", "loop carry", "collective")
+KINDS = ("argument", "output", "temporary", "copy", "loop carry", "collective", "constant")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -22,7 +22,8 @@ class Entry:
   Attributes:
     bytes: its size (per device).
     kind: "argument", "output", "temporary", "copy" (a copy XLA added), "loop carry" (a loop's
-      state) or "collective" (in collective memory).
+      state), "collective" (in collective memory) or "constant" (a literal of the program, kept
+      on the device for the whole program).
     value: the HLO value (instruction name, with its tuple index for a part of a tuple).
     shape: its HLO shape, e.g. `f32[1024,512]`.
     source: the user's `file:line` that made it (for a copy or a carry: what it copies or
@@ -59,7 +60,8 @@ class Entry:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Step:
-  """Bytes live at one step of the schedule, by kind (aliased: arguments an output reuses)."""
+  """Bytes live at one step of the schedule, by kind (aliased: arguments an output reuses;
+  constants: the program's literals, live for the whole program)."""
   index: int
   instruction: str
   arguments: int
@@ -67,10 +69,12 @@ class Step:
   aliased: int
   temporaries: int
   collective: int
+  constants: int = 0
 
   @property
   def total(self) -> int:
-    return self.arguments + self.outputs + self.aliased + self.temporaries + self.collective
+    return (self.arguments + self.outputs + self.aliased + self.constants + self.temporaries
+            + self.collective)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,6 +86,7 @@ class Timeline(Sequence):
   aliased: int
   temporaries: tuple[int, ...]
   collective: tuple[int, ...]
+  constants: int = 0
 
   def __len__(self) -> int:
     return len(self.temporaries)
@@ -92,11 +97,11 @@ class Timeline(Sequence):
     t = range(len(self))[t]
     name = self.instructions[t] if t < len(self.instructions) else "?"
     return Step(t, name, self.arguments, self.outputs, self.aliased, self.temporaries[t],
-                self.collective[t])
+                self.collective[t], self.constants)
 
   def totals(self) -> list[int]:
     """The total bytes at every step."""
-    fixed = self.arguments + self.outputs + self.aliased
+    fixed = self.arguments + self.outputs + self.aliased + self.constants
     return [fixed + a + b for a, b in zip(self.temporaries, self.collective)]
 
 

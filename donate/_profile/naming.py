@@ -142,18 +142,23 @@ def output_instructions(module: _hlo.Module) -> list[str]:
   return list(root.operands) if root.opcode == "tuple" else [root.name]
 
 
-def _returned(module: _hlo.Module, name: str, k: str) -> list[str]:
-  """What a `call`'s computation returns as tuple element `k` (its root tuple's operand, or
-  element `k` of the loop or call it returns whole)."""
+def _element(module: _hlo.Module, name: str, k: int) -> list[str]:
+  """The instructions whose value is element `k` of instruction `name`'s: a tuple's operand, or
+  what a `call`'s computation returns there (its root tuple's operand, or element `k` of the loop
+  or call it returns whole)."""
   instr = module.find(name)
-  if instr is None or instr.opcode != "call" or not k.isdigit():
+  if instr is None:
+    return []
+  if instr.opcode == "tuple":
+    return [instr.operands[k]] if k < len(instr.operands) else []
+  if instr.opcode != "call":
     return []
   out = []
   for called in instr.calls:
     comp = module.computations.get(called)
     root = comp.root if comp is not None else None
-    if root is not None and root.opcode == "tuple" and int(k) < len(root.operands):
-      out.append(root.operands[int(k)])
+    if root is not None and root.opcode == "tuple" and k < len(root.operands):
+      out.append(root.operands[k])
     elif root is not None:  # a loop or call returned whole: its element k
       out.append(f"{root.name}#{k}")
   return out
@@ -161,24 +166,23 @@ def _returned(module: _hlo.Module, name: str, k: str) -> list[str]:
 
 def value_names(module: _hlo.Module, name: str) -> set[str]:
   """The names XLA's buffer assignment may give the value of instruction `name`: its own, and
-  through tuple elements, bitcasts and copies the value it forwards (`while.2{0}`)."""
+  through tuple elements (a `get-tuple-element`, or an operand XLA 0.12's dump spells `while.2#0`),
+  bitcasts and copies the value it forwards (`while.2{0}`)."""
   found, todo = set(), [(name, 0)]
   while todo:
     name, depth = todo.pop()
     found.update((name, name + "{}"))
-    if "#" in name:  # XLA 0.12's dump spells tuple element k of `call.1` as `call.1#k`
-      base, _, k = name.partition("#")
+    base, k = _hlo.tuple_element(name)
+    if k is not None:
       found.add(f"{base}{{{k}}}")
-      todo += [(n, depth + 1) for n in _returned(module, base, k)]
+      todo += [(n, depth + 1) for n in _element(module, base, k)]
     instr = module.find(name)
     if instr is None or depth >= _DEPTH or not instr.operands:
       continue
     if instr.opcode == "get-tuple-element" and instr.index is not None:
       source = instr.operands[0]
       found.add(f"{source}{{{instr.index}}}")
-      tup = module.find(source, instr.computation)
-      if tup is not None and tup.opcode == "tuple" and instr.index < len(tup.operands):
-        todo.append((tup.operands[instr.index], depth + 1))
+      todo += [(n, depth + 1) for n in _element(module, source, instr.index)]
     elif instr.opcode in ("bitcast", "copy", "reshape"):
       todo.append((instr.operands[0], depth + 1))
   return found

@@ -27,12 +27,14 @@ class MemoryProfile:
   """Where the memory of one compiled program goes, per device, from XLA's buffer assignment.
 
   The argument, output, aliased and temporary figures are XLA's allocations, summed as
-  `memory_analysis()` sums them (equal byte for byte). The `timeline` has one step per
-  instruction of XLA's schedule: arguments, outputs and aliased buffers are allocated for the
-  whole program, temporaries (and collective memory) as XLA's live ranges say. `peak_bytes` is
-  its highest point, `at_peak` every buffer live there, largest first. `explain()` says in words
-  what XLA's own figures count and why they differ. `shadowed` names the donations that did not
-  lower the peak: an aliased argument with a temporary of about its size live beside it there.
+  `memory_analysis()` sums them (equal byte for byte); `constant_bytes` are the program's
+  literals, which none of those four counts. The `timeline` has one step per instruction of XLA's
+  schedule: arguments, outputs, aliased buffers and constants are allocated for the whole
+  program, temporaries (and collective memory) as XLA's live ranges say. `peak_bytes` is its
+  highest point, `at_peak` every buffer live there, largest first; it lies between
+  `memory_analysis().peak_memory_in_bytes` and `reserved_bytes`. `explain()` says in words what
+  XLA's own figures count and why they differ. `shadowed` names the donations that did not lower
+  the peak: an aliased argument with a temporary of about its size live beside it there.
 
   >>> import jax, jax.numpy as jnp, donate
   >>> def step(w, x):
@@ -58,17 +60,21 @@ class MemoryProfile:
   at_peak: tuple[Entry, ...]
   could_donate: tuple[Suggestion, ...]
   shadowed: tuple = ()  # donations that did not lower the peak (`shadow.Shadow`)
+  constant_bytes: int = 0
 
   @property
   def peak_bytes(self) -> int:
-    """The timeline's highest point: arguments, outputs and the temporaries live at the peak."""
+    """The timeline's highest point: arguments, outputs, constants and the temporaries live at
+    the peak."""
     return self.timeline[self.peak_step].total
 
   @property
   def reserved_bytes(self) -> int:
-    """Arguments + outputs - aliased + temporaries: what XLA allocates while the program runs
-    (its temporaries are one block, sized for the most it packs at once, gaps included)."""
-    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+    """Arguments + outputs - aliased + temporaries + constants: what the program holds on the
+    device while it runs (its temporaries are one block, sized for the most XLA packs at once,
+    gaps included)."""
+    return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+            + self.constant_bytes)
 
   @property
   def free_at_peak_bytes(self) -> int:

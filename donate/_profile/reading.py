@@ -18,7 +18,7 @@ buffer reused in place), each live on half-open schedule steps `[start, end)`.
 >>> ranges = {"x.1{}": (0, 1), "exp{}": (1, 3), "mul{}": (2, 3), "add{}": (3, 4)}
 >>> dump = Dump(allocations, ranges, ("x.1", "exp", "mul", "add"))
 >>> totals(dump)
-{'argument': 64, 'output': 64, 'alias': 64, 'temp': 128}
+{'argument': 64, 'output': 64, 'alias': 64, 'temp': 128, 'constant': 0}
 >>> [(b.value_at(2), b.nbytes, b.start, b.end) for b in temp_buffers(dump)]
 [('exp', 64, 1, 4), ('mul', 64, 2, 4)]
 """
@@ -143,20 +143,26 @@ def is_temp(allocation: _hlo_dump.Allocation) -> bool:
   return "preallocated-temp" in allocation.kind
 
 
+def is_constant(allocation: _hlo_dump.Allocation) -> bool:
+  return "constant" in allocation.kind.split(", ")
+
+
 def on_device(allocation: _hlo_dump.Allocation) -> bool:
   return allocation.color != _hlo.HOST_MEMORY_SPACE
 
 
 def totals(dump: Dump) -> dict[str, int]:
   """Argument, output, aliased and temp bytes: sums over XLA's device allocations, as
-  `memory_analysis()` makes them (an allocation both a parameter and live out is aliased)."""
-  out = {"argument": 0, "output": 0, "alias": 0, "temp": 0}
+  `memory_analysis()` makes them (an allocation both a parameter and live out is aliased); and the
+  constants' bytes, which none of those counts."""
+  out = {"argument": 0, "output": 0, "alias": 0, "temp": 0, "constant": 0}
   for a in filter(on_device, dump.allocations):
     param, live_out = parameter_number(a) is not None, is_output(a)
     out["argument"] += a.size if param else 0
     out["output"] += a.size if live_out else 0
     out["alias"] += a.size if param and live_out else 0
     out["temp"] += a.size if is_temp(a) else 0
+    out["constant"] += a.size if is_constant(a) else 0
   return out
 
 

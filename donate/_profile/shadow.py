@@ -122,8 +122,9 @@ def _operands(module: _hlo.Module, values) -> set[str]:
     if name in found:
       continue
     found.add(name)
-    if "#" in name:  # XLA 0.12's dump spells a tuple element as an operand `while.3#2`
-      todo.append((name.split("#", 1)[0], computation, depth + 1))
+    base, k = _hlo.tuple_element(name)  # an operand `while.3#2` (XLA 0.12's dump)
+    if k is not None:
+      todo.append((base, computation, depth + 1))
     instr = module.find(name, computation)
     if instr is not None and instr.opcode in _FORWARD and depth < 4:
       todo += [(op, instr.computation, depth + 1) for op in instr.operands]

@@ -21,40 +21,46 @@ def _clip(text: str | None, width: int) -> str:
 
 def explain(p) -> str:
   """XLA's figures for `p`'s program, what each counts, and why they differ, in words."""
-  fixed = p.argument_bytes + p.output_bytes - p.alias_bytes
+  fixed = p.argument_bytes + p.output_bytes - p.alias_bytes + p.constant_bytes
   step = p.timeline[p.peak_step]
   in_use = step.temporaries + step.collective
+  constants = f" + constants {size(p.constant_bytes)}" if p.constant_bytes else ""
   lines = [
       f"arguments {size(p.argument_bytes)} + outputs {size(p.output_bytes)} - aliased "
-      f"{size(p.alias_bytes)} + temporaries {size(p.temp_bytes)} = {size(p.reserved_bytes)}: "
-      "what XLA allocates while the program runs (its temporaries are one block, sized for the "
-      "most its packing holds at once).",
+      f"{size(p.alias_bytes)} + temporaries {size(p.temp_bytes)}{constants} = "
+      f"{size(p.reserved_bytes)}: what the program holds on the device while it runs (its "
+      "temporaries are one block, sized for the most XLA's packing holds at once"
+      + ("; its constants are the literals XLA keeps with it, which memory_analysis() leaves "
+         "out)." if constants else ")."),
       f"peak_bytes {size(p.peak_bytes)}: the timeline's highest point, at step {p.peak_step} "
-      f"({p.peak_instruction}): the arguments and outputs (allocated for the whole program, an "
-      f"aliased pair once: {size(fixed)}) plus the {size(in_use)} of temporaries live there.",
+      f"({p.peak_instruction}): the allocations that live for the whole program (arguments and "
+      f"outputs, an aliased pair once{', constants' if constants else ''}: {size(fixed)}) plus "
+      f"the {size(in_use)} of temporaries live there.",
   ]
   gap = p.free_at_peak_bytes
   if gap > 0:
     lines.append(f"The temp block is {size(gap)} larger than what is live at the peak: bytes "
                  "XLA's packing leaves free there (alignment and gaps between buffers).")
   if p.xla_peak_bytes is not None:
-    lines.append(_xla_peak(p, fixed))
+    lines.append(_xla_peak(p, fixed, in_use))
   return "\n".join(lines)
 
 
-def _xla_peak(p, fixed: int) -> str:
+def _xla_peak(p, fixed: int, in_use: int) -> str:
   extra = p.xla_peak_bytes - fixed
-  head = f"memory_analysis().peak_memory_in_bytes {size(p.xla_peak_bytes)}: "
+  head = (f"memory_analysis().peak_memory_in_bytes {size(p.xla_peak_bytes)}: the allocations "
+          f"that live for the whole program ({size(fixed)}) ")
   if extra == 0:
-    return head + ("the allocations that live for the whole program (arguments and outputs, an "
-                   "aliased pair once) and none of the temporaries: this backend's buffer "
-                   "assignment keeps no heap trace for XLA to add them from.")
-  if extra == p.temp_bytes:
-    return head + ("arguments + outputs - aliased + the whole temp block, as above; peak_bytes "
-                   "is lower by the bytes of the block not live at the peak"
-                   + (f" ({size(p.free_at_peak_bytes)})." if p.free_at_peak_bytes else " (none)."))
-  return head + (f"the allocations that live for the whole program ({size(fixed)}) plus "
-                 f"{size(extra)} of temporaries from XLA's heap trace.")
+    return head + ("and none of the temporaries: this backend's buffer assignment keeps no heap "
+                   "trace for XLA to add them from.")
+  trace = (f"plus {size(extra)}, the most XLA's heap trace of the temp block holds at once")
+  if extra == in_use:
+    return head + trace + ": the temporaries live at peak_bytes, so the two peaks agree."
+  if 0 < extra < in_use:
+    return head + trace + (f": {size(in_use - extra)} less than the temporaries live at "
+                           "peak_bytes, values XLA's live ranges hold there that its heap trace "
+                           "leaves out.")
+  return head + f"{'plus' if extra > 0 else 'minus'} {size(abs(extra))} from XLA's heap trace."
 
 
 def _table(p) -> list[str]:
@@ -78,7 +84,8 @@ def text(p) -> str:
            f"  peak {size(p.peak_bytes)} at step {p.peak_step} of {len(p.timeline)}, "
            f"{size(p.reserved_bytes)} allocated",
            f"  arguments {size(p.argument_bytes)}, outputs {size(p.output_bytes)}, aliased "
-           f"{size(p.alias_bytes)}, temporaries {size(p.temp_bytes)}",
+           f"{size(p.alias_bytes)}, temporaries {size(p.temp_bytes)}"
+           + (f", constants {size(p.constant_bytes)}" if p.constant_bytes else ""),
            f"  donation saved {size(p.donation_saved_bytes)} at the peak (outputs that reuse "
            "an argument's buffer)",
            f"  {p.attributed_fraction():.0%} of the bytes at the peak carry a source line or "
@@ -140,7 +147,8 @@ def plot(p, ax=None):
   t = p.timeline
   steps = range(len(t))
   layers = [("arguments", [t.arguments] * len(t)), ("aliased", [t.aliased] * len(t)),
-            ("outputs", [t.outputs] * len(t)), ("temporaries", list(t.temporaries)),
+            ("outputs", [t.outputs] * len(t)), ("constants", [t.constants] * len(t)),
+            ("temporaries", list(t.temporaries)),
             ("collective", list(t.collective))]
   mib = 1 << 20
   ax.stackplot(steps, *[[v / mib for v in ys] for _, ys in layers],
