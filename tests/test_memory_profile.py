@@ -397,8 +397,8 @@ def in_place_step(buf, xs):
 @pytest.mark.parametrize("name", ["sgd", "scan", "transformer", "in_place", "45912"])
 def test_a_shadowed_donation_saves_less_than_its_buffer(name):
   """Checked by compiling without the donation: where the profile names a donation that did not
-  lower the peak, the peak without it is lower by less than the aliased bytes; where it names
-  none, by all of them."""
+  lower the peak, the peak without it is the same (the #45912 pattern: lower by the donated bytes,
+  the temporary of their size stays beside the buffer); where it names none, by all of them."""
   fn, args = {"sgd": (sgd_step, (jnp.ones((512, 512)), jnp.ones((16, 512)))),
               "scan": (scan_step, scan_args()),
               "transformer": (transformer_step, transformer_args()),
@@ -410,8 +410,11 @@ def test_a_shadowed_donation_saves_less_than_its_buffer(name):
   assert donated.alias_bytes > 0
   if name == "in_place":
     assert not donated.shadowed and saved == donated.alias_bytes
-  elif name != "45912":
-    assert donated.shadowed and saved < donated.alias_bytes
+  elif name != "45912":  # the peak is the same without the donation
+    assert donated.shadowed and saved == 0
+  else:  # the donation saves its buffer, yet on 0.10 a temporary of its size stays beside it
+    assert saved == donated.alias_bytes
+    assert bool(donated.shadowed) == (jax.__version_info__ < (0, 12))
   for s in donated.shadowed:
     assert s.temporary in donated.at_peak and s.temporary.kind in ("temporary", "loop carry")
     assert 0.875 * s.bytes <= s.temporary.bytes <= s.bytes / 0.875

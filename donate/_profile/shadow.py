@@ -5,8 +5,11 @@ XLA made the alias, so the output costs no buffer of its own; but the peak still
 temporary the donated buffer could have held instead: either the buffer is idle at the peak (the
 argument was last read before it and the output is written after it), or the output that reuses
 the buffer is computed from that temporary (`y + s` from `y = exp(x)`; `w - lr * g` from the
-gradient `g`), so the donated buffer and the temporary are live together. Without the donation
-the output's own buffer could hold the temporary: the peak is the same either way.
+gradient `g`), so the donated buffer and the temporary are live together. Measured by compiling
+without the donation (tests/test_memory_profile.py): for an SGD step, a scan over layers and a
+transformer step the peak is the same either way; for the #45912 pattern on jaxlib 0.10 the
+donation does lower the peak (48 to 32 MiB for 16 MiB donated) but leaves it at twice the working
+set, a temporary of `exp` beside the donated buffer.
 
 `shadows(dump, module, params, live, peak, peak_bytes)` is pure: the dump and module of one
 compile, the argument entries and the temporaries live at the peak in, `Shadow`s out.
