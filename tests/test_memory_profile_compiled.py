@@ -23,7 +23,9 @@ from donate import _hlo
 from donate import _profile
 from donate import targets
 from donate._profile import api
+from donate._profile import liverange
 from donate._profile import naming
+from donate._profile import proto
 
 import test_memory_profile as programs
 
@@ -122,3 +124,12 @@ def test_values_named_through_xla_0_12_tuple_element_operands():
   assert naming.output_instructions(module) == ["while.1#1"]
   assert {"while.1#1", "while.1{1}"} <= naming.value_names(module, "while.1#1")
   assert "state{1}" in naming.value_names(module, "state#1")
+
+
+def test_asynchronous_instructions_are_refused_not_guessed():
+  """XLA widens live ranges around asynchronous instructions by rules the reader does not
+  recompute (CPU programs have none): such a module is refused, not read approximately."""
+  start = proto.Instruction(1, "copy-start", "copy-start", (None, None, None), 0, 0, (), (), 7)
+  module = proto.Module("m", 7, {1: start}, {7: 1}, {7: (1,)}, frozenset())
+  with pytest.raises(liverange.Unsupported, match="copy-start"):
+    liverange.dump_of(proto.BufferAssignment({}, (), ()), module)

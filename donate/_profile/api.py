@@ -95,7 +95,11 @@ def signature_of(function) -> inspect.Signature | None:
 
 def dump_of_compiled(compiled) -> reading.Dump | None:
   """The buffer assignment `compiled` carries, with XLA's live ranges and schedule, as the dump
-  files give them (`liverange`); None when it carries none (an empty proto)."""
+  files give them (`liverange`); None when it carries none (an empty proto).
+
+  Raises:
+    liverange.Unsupported: the program has asynchronous instructions.
+  """
   stats = compiled.memory_analysis()
   data = getattr(stats, "serialized_buffer_assignment_proto", b"") if stats is not None else b""
   if not data:
@@ -109,15 +113,19 @@ def dump_of_compiled(compiled) -> reading.Dump | None:
 def profile_of_compiled(compiled, signature=None, lowered=None, compiler_options=None):
   """The profile of `compiled` from the buffer assignment it carries; without one, `lowered`
   (its lowered program) compiled again with XLA's dump, else `errors.no_buffer_assignment`."""
-  dump = dump_of_compiled(compiled)
+  missing = ("this one carries none: its memory_analysis().serialized_buffer_assignment_proto is "
+             "empty (jaxlib fills it for CPU programs, not for GPU programs compiled ahead of "
+             "time), and a jax.stages.Compiled keeps no lowered program to compile again with "
+             "XLA's dump")
+  try:
+    dump = dump_of_compiled(compiled)
+  except liverange.Unsupported as e:
+    dump, missing = None, (f"this one has no live ranges and asynchronous instructions ({e}), "
+                           "whose live ranges cannot be recomputed from the program alone")
   if dump is None and lowered is not None:
     return profile_of_lowered(lowered, compiler_options, signature)
   if dump is None:
-    errors.no_buffer_assignment(compiled, "this one carries none: its memory_analysis()"
-                                ".serialized_buffer_assignment_proto is empty (jaxlib fills it "
-                                "for CPU programs, not for GPU programs compiled ahead of time), "
-                                "and a jax.stages.Compiled keeps no lowered program to compile "
-                                "again with XLA's dump")
+    errors.no_buffer_assignment(compiled, missing)
   module = _hlo.parse_module(compiled.as_text())
   prep = getattr(compiled, "_prep", None)
   if prep is None:

@@ -24,6 +24,10 @@ The rules, as XLA applies them:
   instructions are). Entry parameters no output reuses live to the end.
 - Values of one buffer (XLA's alias analysis: the proto's `buffer_aliases`) do not overlap: in
   order of start, each ends where the next starts and the last ends at the latest end.
+
+XLA widens the live ranges around asynchronous instructions (`copy-start`, `all-gather-start`:
+XLA:GPU's; the CPU programs tested have none) by further rules: a module with them raises
+`Unsupported` rather than being read approximately.
 """
 
 from __future__ import annotations
@@ -34,6 +38,12 @@ from donate._profile import reading
 
 _FORWARD = ("bitcast", "domain", "add-dependency", "optimization-barrier", "while")
 _CALLERS = ("while", "call", "conditional")
+_ASYNC = ("-start", "-update", "-done")
+
+
+class Unsupported(ValueError):
+  """The module has asynchronous instructions (`copy-start`, `all-gather-start`, ...): XLA widens
+  the live ranges around them by rules this reader does not recompute (CPU programs have none)."""
 
 
 class _Dataflow:
@@ -63,6 +73,8 @@ class _Dataflow:
     start = len(self.sequence)
     for iid in order:
       instr = self.by[iid]
+      if instr.opcode.endswith(_ASYNC):
+        raise Unsupported(instr.opcode)
       if instr.opcode in ("call", "conditional"):
         for c in instr.calls:
           self._flatten(c)
@@ -212,7 +224,11 @@ def _kind(a: proto.Allocation) -> str:
 
 def dump_of(assignment: proto.BufferAssignment, module: proto.Module, platform: str = "?",
             hlo_text: str | None = None) -> reading.Dump:
-  """The `reading.Dump` XLA would have written for this compile (see the module docstring)."""
+  """The `reading.Dump` XLA would have written for this compile (see the module docstring).
+
+  Raises:
+    Unsupported: the module has asynchronous instructions.
+  """
   flow = _Dataflow(module, assignment)
   ranges = _ranges(flow, assignment.values)
   _normalize(ranges, assignment)
