@@ -143,8 +143,8 @@ class Suggestion:
 class Fit:
   """Whether a program's memory fits a device; truthy when it does.
 
-  `needed` is what XLA allocates while the program runs (arguments + outputs - aliased +
-  temporaries); `headroom` is what is left (negative: missing).
+  `needed` is what the program holds on the device while it runs (arguments + outputs - aliased +
+  temporaries + constants); `headroom` is what is left (negative: missing).
   """
   device: str
   capacity: int
