@@ -79,3 +79,32 @@ def test_the_same_array_twice_is_refused_before_anything_runs():
   with pytest.raises(DonationRuntimeError, match="passed twice to same_order, once as a and once as b"):
     prep.check_duplicates(call)
   assert not a.is_deleted()
+
+
+def test_planning_pauses_the_collector_and_leaves_it_as_it_found_it(monkeypatch):
+  import gc
+
+  import numpy as np
+
+  import donate
+  from donate import _pairing
+  seen = []
+  make_plan = _pairing.make_plan
+
+  def recording(*args, **kwargs):
+    seen.append(gc.isenabled())
+    return make_plan(*args, **kwargs)
+
+  monkeypatch.setattr(_pairing, "make_plan", recording)
+  assert gc.isenabled()
+  donate.jit(lambda x: x * 2, donate_argnums=0).lower(jnp.ones(4))
+  assert seen == [False] and gc.isenabled()
+  with pytest.raises(donate.DonationError):  # strict: a host value in donate_argnums
+    donate.jit(lambda x: x * 2, donate_argnums=0, strict=True)(np.ones(4))
+  assert gc.isenabled()
+  gc.disable()
+  try:
+    donate.jit(lambda x: x + 1, donate_argnums=0).lower(jnp.ones(4))
+    assert not gc.isenabled()
+  finally:
+    gc.enable()
