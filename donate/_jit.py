@@ -16,7 +16,6 @@ import inspect
 import os
 import threading
 import types
-import warnings
 from typing import Any, Callable
 
 import jax
@@ -147,8 +146,7 @@ class JitWrapped:
   def _trace(self, args, kwargs):
     if self._plain_only:  # raises, or answers, as jax.jit does
       return self._plain.trace(*args, **kwargs)
-    with self._fn.gate, warnings.catch_warnings():
-      warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
+    with self._fn.gate:  # tracing lowers nothing: JAX's unusable-donation warning is not due
       traced = self._fn.jitted.trace(*args, **kwargs)
     remember_donate_jit(traced.jaxpr)
     return traced
