@@ -125,6 +125,25 @@ def traced_num_consts(traced) -> int:
   return len(traced._consts)
 
 
+def traced_without_donation(traced):
+  """A copy of a `jax.stages.Traced` that donates nothing, or None when it donates nothing.
+
+  Lowered, the copy is the same program (the same jaxpr, shardings, layouts, `keep_unused` and
+  jit-level `compiler_options`) without `tf.aliasing_output` or `jax.buffer_donor`: what a memory
+  profile compiles to measure what the donations saved at the peak. Only the traced parameters
+  hold the donations, and no public API lowers a Traced with other ones.
+  """
+  donated = traced._params["donated_invars"]
+  if not any(donated):
+    return None
+  twin = copy.copy(traced)
+  twin._params = {**traced._params, "donated_invars": (False,) * len(donated)}
+  for cached in ("_lojax", "_closure_converted"):  # lowerings derived from the old parameters
+    if cached in type(traced).__slots__:
+      setattr(twin, cached, None)
+  return twin
+
+
 def lowered_kept_leaves(jax_lowered) -> tuple[tuple[int, ...], int]:
   """`(kept, n_const_args)`: the argument leaves the module's `main` takes (after dead-code
   elimination), and how many hoisted constants precede them. Only the lowering knows either."""

@@ -64,30 +64,39 @@ def details(prep, compiled, plan) -> _donation_plan.DonationPlan:
                              memory=_donation_plan.MemoryStats.from_compiled(compiled))
 
 
-def with_profile(prep, lowered, plan, compiler_options=None) -> _donation_plan.DonationPlan:
-  """The plan with the compiled program's memory profile (`plan.profile`: `lowered` compiled
-  again, with XLA's dump) and, next to each aliased leaf of at least `copy_threshold` bytes whose
-  donation did not lower the peak, why (`_profile.shadow`). Only when some aliased leaf is that
-  large: otherwise nothing is compiled and `plan.profile` stays None."""
+def with_profile(prep, lowered, plan, compiler_options=None, call=None,
+                 compiled=None) -> _donation_plan.DonationPlan:
+  """The plan with the compiled program's memory profile (`plan.profile`) and, next to each
+  aliased leaf of at least `copy_threshold` bytes, why its donation left the peak high: a
+  temporary of about its size live beside it (`_profile.shadow`), else, when the peak is not
+  lower than the same program's compiled without its donations (for the leaves of `call`), that.
+  Only when some aliased leaf is that large: otherwise nothing is compiled and `plan.profile`
+  stays None. `compiled` (the signature's `jax.stages.Compiled`) is read as it is where it
+  carries its buffer assignment (CPU programs); otherwise `lowered` is compiled again with XLA's
+  dump."""
   if not any(d.action == _donation_plan.ALIASED and isinstance(d.nbytes, int)
              and d.nbytes >= plan.copy_threshold for d in plan.decisions):
     return plan
-  profile = _profile.profile_of_signature(prep, lowered, plan, compiler_options)
-  found = {s.path: s for s in profile.shadowed if s.bytes >= plan.copy_threshold}
+  profile = _profile.profile_of_signature(prep, lowered, plan, compiler_options, call, compiled)
+  found = {s.path: str(s) for s in profile.shadowed if s.bytes >= plan.copy_threshold}
+  if profile.not_lowered:
+    same = _profile.not_lowered_reason(profile.peak_bytes, profile.peak_without_donation_bytes)
+    found = {**{e.path: same for e in profile.not_lowered if e.bytes >= plan.copy_threshold},
+             **found}
   decisions = tuple(dataclasses.replace(d, reason=f"{d.reason}; {found[d.path]}")
                     if d.action == _donation_plan.ALIASED and d.path in found else d
                     for d in plan.decisions)
-  note = (f"memory profile: peak {format_bytes(profile.peak_bytes)} per device "
-          "(plan.profile lists every buffer at the peak)")
+  note = (f"memory profile: peak {format_bytes(profile.peak_bytes)} per device, "
+          f"{_profile.saving(profile)} (plan.profile lists every buffer at the peak)")
   return dataclasses.replace(plan, decisions=decisions, profile=profile,
                              notes=plan.notes + (note,))
 
 
 def peak_problems(plan, function: str) -> list[str]:
-  """For `strict="copies"`: one message per donation that did not lower the peak."""
+  """For `strict="copies"`: one message per aliased leaf whose donation left the peak high."""
   if plan.profile is None:
     return []
-  return _profile.peak_problems(plan.profile.shadowed, function, plan.copy_threshold)
+  return _profile.peak_problems(plan.profile, function, plan.copy_threshold)
 
 
 def copies_of(prep, compiled_or_text, threshold: int) -> tuple:

@@ -142,8 +142,9 @@ class Prepared:
               with_copies: bool = True, with_profile: bool = False):
     """`(compiled, plan)`: compiles and folds the compiled aliases into the plan (the copies XLA
     added too, unless `with_copies=False` and the function is not strict about them; the memory
-    profile, which names donations that did not lower the peak, with `with_profile` or
-    `strict="copies"`: one more compile, `_compiled.with_profile`)."""
+    profile, which names the donations that left the peak high, with `with_profile` or
+    `strict="copies"`: `_compiled.with_profile` reads the compiled program and compiles it once
+    more without its donations to measure what they saved)."""
     lowered = self.lower(call)
     with_copies = with_copies or self.fn.options.strict_copies
     with_profile = with_profile or self.fn.options.strict_copies
@@ -152,7 +153,8 @@ class Prepared:
         if with_copies and self.plan.copies is None:
           self.plan = _compiled.details(self, self.compiled, self.plan)
         if with_profile and self.plan.profile is None:
-          self.plan = _compiled.with_profile(self, lowered, self.plan)
+          self.plan = _compiled.with_profile(self, lowered, self.plan, call=call,
+                                             compiled=self.compiled)
         return self.compiled, self.plan
       kwargs = {}
       if compiler_options is not None:
@@ -175,7 +177,7 @@ class Prepared:
         warnings.warn(plan.explain_unusable(late), _errors.UnusableDonationWarning,
                       stacklevel=_user_stacklevel())
       if with_profile:
-        plan = _compiled.with_profile(self, lowered, plan, compiler_options)
+        plan = _compiled.with_profile(self, lowered, plan, compiler_options, call, compiled)
       copied = (_copies.strict_problems(plan.copies, self.fn.name)
                 + _compiled.peak_problems(plan, self.fn.name)) if options.strict_copies else []
       if copied:

@@ -9,7 +9,8 @@
 #
 # This notebook profiles a small GPT-style training step on CPU, the same step compiled ahead of
 # time for 8 H100s (nothing runs on a GPU), a flax `nnx` step against the same step in plain JAX,
-# and a KV-cache decode loop; and it shows a donation that did not lower the peak.
+# and a KV-cache decode loop; and it shows a donation that saves its buffer yet leaves the peak
+# high.
 
 # %%
 import jax
@@ -215,13 +216,14 @@ print(before.compare(after))
 # The advice names the cache and `donate_argnums=0`; compiling with it lowers the peak by exactly
 # the bytes it claimed (checked above).
 #
-# ## A donation that did not lower the peak
+# ## A donation that leaves the peak high
 #
 # The pattern of openxla/xla #45912: `x` is donated, `y = jnp.exp(x)`, a loop reads `y`, and the
-# output is `y + s`. XLA makes the alias, so the plan says "aliased"; but on some XLA versions a
-# temporary of `x`'s size for `exp` is live beside the donated buffer at the peak. `plan()` reads
-# the memory profile (one more compile) and says so next to the leaf; `strict="copies"` raises on
-# it before anything is consumed.
+# output is `y + s`. XLA makes the alias, so the plan says "aliased". `plan()` reads the memory
+# profile and measures what the donation saved by compiling the program once more without it: the
+# note says so. But on some XLA versions a temporary of `x`'s size for `exp` is live beside the
+# donated buffer at the peak; the plan then says so next to the leaf, and `strict="copies"` raises
+# on it before anything is consumed.
 
 # %%
 def f(x):
@@ -234,11 +236,14 @@ x = jnp.ones(1 << 20)  # 4 MiB
 plan = donate.jit(f, donate_argnums=0).plan(x)
 temporary = [e for e in plan.profile.at_peak if e.kind == "temporary" and e.bytes == x.nbytes]
 assert ("temporary of exp" in plan.decisions[0].reason) == bool(temporary)
+assert plan.profile.donation_saved_bytes == x.nbytes  # measured: compiled without the donation
 print(plan)
 print("the temporary at the peak:", [(e.bytes, e.scope) for e in temporary] or "none on this jaxlib")
 
 # %% [markdown]
-# On jaxlib 0.10 XLA keeps a 4 MiB temporary for `exp` beside the donated buffer, and the plan's
-# reason for `x` names it with its line and the peak; on jaxlib 0.12 XLA no longer adds it and the
-# plan says nothing more (the cell above checks that the note appears exactly when the profile
-# holds the temporary). `plan.profile` is the full profile.
+# The donation saves `x`'s 4 MiB at the peak on every jaxlib (the cell checks it): without it the
+# output needs a buffer of its own. On jaxlib 0.10 XLA still keeps a 4 MiB temporary for `exp`
+# beside the donated buffer, twice the working set, and the plan's reason for `x` names it with its
+# line and the peak; on jaxlib 0.12 XLA no longer adds it and the plan says nothing more (the cell
+# above checks that the note appears exactly when the profile holds the temporary).
+# `plan.profile` is the full profile.

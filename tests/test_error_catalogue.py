@@ -120,6 +120,13 @@ def sgd_step(w, x):
   return w - 0.1 * g
 
 
+def attention_grad_step(wq, x):
+  def loss(wq):
+    q = x @ wq
+    return jnp.sum(jax.nn.softmax(q @ q.T) @ q)
+  return wq - 0.1 * jax.grad(loss)(wq)
+
+
 def carry_read_after_update(buf, xs):
   def body(c, x):
     old = c[0]
@@ -228,6 +235,9 @@ TRIGGERS = {
                                         strict="copies")(jnp.zeros(2**16), jnp.ones(4)),
     "strict-peak": lambda: donate.jit(sgd_step, donate_argnums=0, strict="copies")(
         jnp.ones((256, 256)), jnp.ones((8, 256))),
+    "strict-peak-not-lower": lambda: donate.jit(attention_grad_step, donate_argnums=0,
+                                                strict="copies")(
+        jnp.full((256, 256), 0.01), jnp.ones((256, 256))),
     "strict-mode-unknown": lambda: donate.jit(lambda x: x, strict="always"),
     # annotations
     "alias-type-mismatch": lambda: donate.jit(lambda a, b: donate.alias(a, b))(arr(), arr(4)),

@@ -12,10 +12,14 @@ Two sources give the same `reading.Dump`:
   is the same one (the dump options change what XLA writes, not what it compiles). A
   `jax.stages.Compiled` without a buffer assignment (an H100 program compiled ahead of time) has
   no lowered program to compile again: it is refused with a catalogued error.
+
+Where the traced program is at hand, `measured` compiles it once more without its donations
+(`baseline`) and records that peak: what the donations saved.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import shutil
 import tempfile
@@ -25,6 +29,7 @@ from jax import tree_util
 
 from donate import _hlo
 from donate import _hlo_dump
+from donate._profile import baseline as _baseline
 from donate._profile import errors
 from donate._profile import liverange
 from donate._profile import naming
@@ -43,7 +48,10 @@ def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
     *args, **kwargs: the call arguments.
 
   Returns:
-    A `donate.MemoryProfile`.
+    A `donate.MemoryProfile`. Where it has the traced program (a function with its arguments, a
+    `donate.jit` stage), what the donations saved at the peak is measured: the same program is
+    compiled once more without them (`donation_saved_bytes`); a `jax.stages.Compiled` or
+    `Lowered` alone says why not (`saving_not_measured`).
 
   Raises:
     DonationError: `jitted` cannot be lowered, or is a `jax.stages.Compiled` without a buffer
@@ -62,18 +70,30 @@ def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
   >>> compiled = jax.jit(f, donate_argnums=0).lower(jnp.ones(2**20)).compile()
   >>> donate.memory_profile(compiled).peak_bytes == p.peak_bytes  # read, not compiled again
   True
+  >>> p.donation_saved_bytes  # compiled without the donation it peaks as high: exp's temporary
+  0
+  >>> print(donate.memory_profile(compiled).saving_not_measured)
+  a jax.stages.Compiled keeps no traced program to compile again without its donations (profile \
+the function with its arguments)
   """
   if hasattr(jitted, "_prep") and hasattr(jitted, "memory_profile"):
     return jitted.memory_profile()
   if isinstance(jitted, jax.stages.Compiled):
-    return profile_of_compiled(jitted)
-  if isinstance(jitted, jax.stages.Lowered) or _is_donate_lowered(jitted):
-    lowered = jitted
+    return profile_of_compiled(jitted, baseline=_baseline.Baseline(why=_baseline.COMPILED_ALONE))
+  if _is_donate_lowered(jitted):
+    lowered, baseline = jitted, _baseline.of_signature(jitted._prep, jitted._call)
+  elif isinstance(jitted, jax.stages.Lowered):
+    lowered, baseline = jitted, _baseline.Baseline(why=_baseline.LOWERED_ALONE)
+  elif callable(getattr(jitted, "trace", None)):
+    traced = jitted.trace(*args, **kwargs)
+    lowered = traced.lower()
+    baseline = (_baseline.of_signature(traced._prep, traced._call) if hasattr(traced, "_prep")
+                else _baseline.of_traced(traced))
   elif callable(getattr(jitted, "lower", None)):
-    lowered = jitted.lower(*args, **kwargs)
+    lowered, baseline = jitted.lower(*args, **kwargs), _baseline.Baseline(why=_baseline.NO_TRACE)
   else:
     errors.not_a_jitted_function(jitted)
-  return profile_of_lowered(lowered, signature=_signature(jitted))
+  return profile_of_lowered(lowered, signature=_signature(jitted), baseline=baseline)
 
 
 def _is_donate_lowered(obj) -> bool:
@@ -110,9 +130,11 @@ def dump_of_compiled(compiled) -> reading.Dump | None:
                            executable.client.platform)
 
 
-def profile_of_compiled(compiled, signature=None, lowered=None, compiler_options=None):
+def profile_of_compiled(compiled, signature=None, lowered=None, compiler_options=None,
+                        baseline=None):
   """The profile of `compiled` from the buffer assignment it carries; without one, `lowered`
-  (its lowered program) compiled again with XLA's dump, else `errors.no_buffer_assignment`."""
+  (its lowered program) compiled again with XLA's dump, else `errors.no_buffer_assignment`.
+  `baseline` (`baseline.Baseline`) measures what the donations saved (`measured`)."""
   missing = ("this one carries none: its memory_analysis().serialized_buffer_assignment_proto is "
              "empty (jaxlib fills it for CPU programs, not for GPU programs compiled ahead of "
              "time), and a jax.stages.Compiled keeps no lowered program to compile again with "
@@ -123,23 +145,25 @@ def profile_of_compiled(compiled, signature=None, lowered=None, compiler_options
     dump, missing = None, (f"this one has no live ranges and asynchronous instructions ({e}), "
                            "whose live ranges cannot be recomputed from the program alone")
   if dump is None and lowered is not None:
-    return profile_of_lowered(lowered, compiler_options, signature)
+    return profile_of_lowered(lowered, compiler_options, signature, baseline)
   if dump is None:
     errors.no_buffer_assignment(compiled, missing)
-  module = _hlo.parse_module(compiled.as_text())
-  prep = getattr(compiled, "_prep", None)
-  if prep is None:
-    return _profile(compiled, dump, module, signature)
-  return _profile(compiled, dump, module, signature, prep.fn.name,
-                  _donate_names(compiled.plan, prep))
+  profile = _named(compiled, dump, _hlo.parse_module(compiled.as_text()), signature)
+  return measured(profile, baseline, compiler_options)
 
 
-def profile_of_lowered(lowered, compiler_options=None, signature=None):
-  """Compiles `lowered` with a buffer-assignment dump and profiles the result.
+def profile_of_lowered(lowered, compiler_options=None, signature=None, baseline=None):
+  """Compiles `lowered` with a buffer-assignment dump and profiles the result (`baseline`: as
+  for `profile_of_compiled`).
 
   With `xla_dump_to` among `compiler_options` the dump is written there and kept.
   """
   compiled, dump, module = _compile_with_dump(lowered, compiler_options)
+  return measured(_named(compiled, dump, module, signature), baseline, compiler_options)
+
+
+def _named(compiled, dump, module, signature) -> MemoryProfile:
+  """The profile of a `jax.jit` compile, or of a `donate.jit` one named by its plan."""
   prep = getattr(compiled, "_prep", None)
   if prep is None:
     return _profile(compiled, dump, module, signature)
@@ -147,12 +171,62 @@ def profile_of_lowered(lowered, compiler_options=None, signature=None):
                   _donate_names(compiled.plan, prep))
 
 
-def profile_of_signature(prep, lowered, plan, compiler_options=None) -> MemoryProfile:
-  """The profile of one `donate.jit` signature: its `jax.stages.Lowered` compiled again with the
-  dump, its parameters and outputs named by `plan` (`prep`: the `_signature.Prepared`)."""
-  compiled, dump, module = _compile_with_dump(lowered, compiler_options)
-  return _profile(compiled, dump, module, signature_of(prep.fn), prep.fn.name,
-                  _donate_names(plan, prep))
+def profile_of_signature(prep, lowered, plan, compiler_options=None, call=None,
+                         compiled=None) -> MemoryProfile:
+  """The profile of one `donate.jit` signature (`prep`: the `_signature.Prepared`), its
+  parameters and outputs named by `plan`, and what its donations saved (measured by compiling it
+  again without them, for the leaves of `call`). `compiled` (its `jax.stages.Compiled`) is read
+  as it is where it carries its buffer assignment; otherwise, and without it, its
+  `jax.stages.Lowered` is compiled again with the dump."""
+  dump = None
+  if compiled is not None:
+    try:
+      dump = dump_of_compiled(compiled)
+    except liverange.Unsupported:
+      dump = None
+  if dump is None:
+    compiled, dump, module = _compile_with_dump(lowered, compiler_options)
+  else:
+    module = _hlo.parse_module(compiled.as_text())
+  profile = _profile(compiled, dump, module, signature_of(prep.fn), prep.fn.name,
+                     _donate_names(plan, prep))
+  return measured(profile, _baseline.of_signature(prep, call), compiler_options)
+
+
+def measured(profile: MemoryProfile, baseline, compiler_options=None) -> MemoryProfile:
+  """`profile` with `peak_without_donation_bytes`: the peak of the same program compiled without
+  its donations (`baseline.lower()`, the same compiler options without XLA's dump), read as the
+  profile's own (from the buffer assignment a CPU program carries, else from XLA's dump). A
+  program that aliases nothing is its own baseline. Not measured (`saving_not_measured` says
+  why) without a baseline, or when the program without its donations does not compile."""
+  if profile.alias_bytes == 0:
+    return dataclasses.replace(profile, peak_without_donation_bytes=profile.peak_bytes)
+  if baseline is None or baseline.lower is None:
+    why = baseline.why if baseline is not None else _baseline.COMPILED_ALONE
+    return dataclasses.replace(profile, saving_not_measured=why)
+  options = {k: v for k, v in (compiler_options or {}).items() if not k.startswith("xla_dump")}
+  try:
+    lowered = baseline.lower()
+    peak = profile.peak_bytes if lowered is None else _peak(lowered, options, profile.platform)
+  except Exception as e:  # the profile stands without the comparison, saying why
+    return dataclasses.replace(profile, saving_not_measured=(
+        f"compiling it again without its donations failed ({type(e).__name__}: {e})"))
+  return dataclasses.replace(profile, peak_without_donation_bytes=peak)
+
+
+def _peak(lowered, options: dict, platform: str) -> int:
+  """The peak of `lowered` compiled with `options`: on CPU from the buffer assignment the
+  compiled program carries, elsewhere from XLA's dump of the compile."""
+  if platform == "cpu":
+    compiled = lowered.compile(compiler_options=options or None)
+    try:
+      dump = dump_of_compiled(compiled)
+    except liverange.Unsupported:
+      dump = None
+    if dump is not None:
+      return _profile(compiled, dump, _hlo.parse_module(compiled.as_text()), None).peak_bytes
+  compiled, dump, module = _compile_with_dump(lowered, options or None)
+  return _profile(compiled, dump, module, None).peak_bytes
 
 
 def _compile_with_dump(lowered, compiler_options):

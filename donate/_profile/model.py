@@ -196,6 +196,8 @@ class Comparison:
   after_peak: int
   by_source: tuple[Change, ...]
   by_scope: tuple[Change, ...]
+  before_saved: int | None = None  # what each one's donations saved at its peak (None: not
+  after_saved: int | None = None   # measured; `MemoryProfile.donation_saved_bytes`)
 
   @property
   def delta(self) -> int:
@@ -208,6 +210,10 @@ class Comparison:
   def __str__(self) -> str:
     lines = [f"peak {format_bytes(self.before_peak)} -> {format_bytes(self.after_peak)} "
              f"({'+' if self.delta >= 0 else ''}{format_bytes(self.delta)})"]
+    if (self.before_saved, self.after_saved) != (None, None):
+      saved = [format_bytes(b) if b is not None else "not measured"
+               for b in (self.before_saved, self.after_saved)]
+      lines.append(f"  donation saved at the peak: {saved[0]} -> {saved[1]}")
     for title, rows in (("by source line", self.by_source), ("by scope", self.by_scope)):
       changed = [c for c in rows if c.delta][:10]
       if changed:

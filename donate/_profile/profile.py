@@ -33,8 +33,11 @@ class MemoryProfile:
   program, temporaries (and collective memory) as XLA's live ranges say. `peak_bytes` is its
   highest point, `at_peak` every buffer live there, largest first; it lies between
   `memory_analysis().peak_memory_in_bytes` and `reserved_bytes`. `explain()` says in words what
-  XLA's own figures count and why they differ. `shadowed` names the donations that did not lower
-  the peak: an aliased argument with a temporary of about its size live beside it there.
+  XLA's own figures count and why they differ. `donation_saved_bytes` is what the donations
+  saved at the peak, measured by compiling the program again without them (where the profile
+  has the program: a function with its arguments, its `donate.jit` stages). `shadowed` names
+  the aliased arguments with a temporary of about their size live beside them at the peak;
+  `not_lowered` the aliased arguments when the peak is not lower than without the donations.
 
   >>> import jax, jax.numpy as jnp, donate
   >>> def step(w, x):
@@ -59,8 +62,10 @@ class MemoryProfile:
   peak_step: int
   at_peak: tuple[Entry, ...]
   could_donate: tuple[Suggestion, ...]
-  shadowed: tuple = ()  # donations that did not lower the peak (`shadow.Shadow`)
+  shadowed: tuple = ()  # aliased, a temporary of their size beside them (`shadow.Shadow`)
   constant_bytes: int = 0
+  peak_without_donation_bytes: int | None = None  # the same program compiled without donations
+  saving_not_measured: str = ""  # why `peak_without_donation_bytes` is None
 
   @property
   def peak_bytes(self) -> int:
@@ -83,10 +88,25 @@ class MemoryProfile:
     return self.temp_bytes - step.temporaries - step.collective
 
   @property
-  def donation_saved_bytes(self) -> int:
-    """Bytes of the arguments outputs reuse: without those donations the peak would be that
-    much higher (each output would need a buffer of its own)."""
-    return self.alias_bytes
+  def donation_saved_bytes(self) -> int | None:
+    """What the donations saved at the peak, measured: `peak_without_donation_bytes` (the same
+    program compiled again without its donations: the same jaxpr, shardings and compiler
+    options) minus `peak_bytes`; None when not measured (`saving_not_measured` says why: a
+    `jax.stages.Compiled` alone keeps no program to compile again). It can be far less than
+    `alias_bytes`: XLA often reuses buffers without a donation too (an SGD step peaks as high
+    either way)."""
+    if self.peak_without_donation_bytes is None:
+      return None
+    return self.peak_without_donation_bytes - self.peak_bytes
+
+  @property
+  def not_lowered(self) -> tuple[Entry, ...]:
+    """The aliased arguments when the donations were measured not to lower the peak
+    (`donation_saved_bytes <= 0`), largest first; empty when they did, or were not measured."""
+    saved = self.donation_saved_bytes
+    if saved is None or saved > 0:
+      return ()
+    return tuple(e for e in self.at_peak if e.kind == "argument" and e.aliased and e.bytes)
 
   @property
   def peak_instruction(self) -> str:
@@ -116,11 +136,12 @@ class MemoryProfile:
     """Lines up this profile's peak (before) with `other`'s (after) by source line and scope.
 
     `.grew()` lists the source lines with more bytes at the peak in `other`; `str()` prints the
-    changes.
+    changes, and what each one's donations saved at its peak where measured.
     """
     return model.Comparison(self.peak_bytes, other.peak_bytes,
                             model.changes(self.by_source(), other.by_source()),
-                            model.changes(self.by_scope(), other.by_scope()))
+                            model.changes(self.by_scope(), other.by_scope()),
+                            self.donation_saved_bytes, other.donation_saved_bytes)
 
   def fits(self, device) -> model.Fit:
     """Whether the program fits `device`: `"h100"`, `"b200"` or a byte count.

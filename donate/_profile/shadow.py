@@ -1,18 +1,22 @@
-"""Donations that did not lower the peak: an aliased argument with a temporary of about its size
-live beside it at the peak (the pattern of openxla/xla #45912).
+"""Donations that left the peak high: an aliased argument with a temporary of about its size live
+beside it at the peak (the pattern of openxla/xla #45912), or a peak that is not lower than
+without the donations.
 
-XLA made the alias, so the output costs no buffer of its own; but the peak still holds a
+XLA made the alias, so the output costs no buffer of its own; but the peak can still hold a
 temporary the donated buffer could have held instead: either the buffer is idle at the peak (the
 argument was last read before it and the output is written after it), or the output that reuses
 the buffer is computed from that temporary (`y + s` from `y = exp(x)`; `w - lr * g` from the
-gradient `g`), so the donated buffer and the temporary are live together. Measured by compiling
-without the donation (tests/test_memory_profile.py): for an SGD step, a scan over layers and a
-transformer step the peak is the same either way; for the #45912 pattern on jaxlib 0.10 the
-donation does lower the peak (48 to 32 MiB for 16 MiB donated) but leaves it at twice the working
-set, a temporary of `exp` beside the donated buffer.
+gradient `g`), so the donated buffer and the temporary are live together (`shadows`). That is
+read from the one profile; what the donation saved is measured by compiling the program again
+without it (`baseline`, `MemoryProfile.donation_saved_bytes`). For the #45912 pattern on jaxlib
+0.10 the donation does lower the peak (48 to 32 MiB for 16 MiB donated) but leaves it at twice
+the working set, a temporary of `exp` beside the donated buffer; for an SGD step, a scan over
+layers and a transformer step the peak is the same either way (`MemoryProfile.not_lowered`: XLA
+reuses buffers without the donation too).
 
 `shadows(dump, module, params, live, peak, peak_bytes)` is pure: the dump and module of one
-compile, the argument entries and the temporaries live at the peak in, `Shadow`s out.
+compile, the argument entries and the temporaries live at the peak in, `Shadow`s out;
+`strict_problems(profile, ...)` words both cases for `strict="copies"`.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ _FORWARD = ("bitcast", "copy", "get-tuple-element", "tuple", "reshape")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Shadow:
-  """A donation that did not lower the peak.
+  """An aliased argument with a temporary of about its size live beside it at the peak.
 
   Attributes:
     path: the donated argument leaf.
@@ -134,22 +138,61 @@ def _operands(module: _hlo.Module, values) -> set[str]:
   return found
 
 
-def strict_problems(found, function: str, threshold: int = 0) -> list[str]:
-  """One message (the library's shape) per donation that did not lower the peak, of at least
-  `threshold` bytes; for `strict="copies"`, which treats them like copies.
+def not_lowered_reason(peak_bytes: int, without_bytes: int) -> str:
+  """The plan's words for an aliased leaf when the peak is not lower than without the donations
+  (measured: `MemoryProfile.peak_without_donation_bytes`).
+
+  >>> not_lowered_reason(5 << 19, 5 << 19)
+  'aliased, but the peak is 2.5 MiB either way: XLA reuses buffers without the donation too'
+  """
+  if peak_bytes == without_bytes:
+    return (f"aliased, but the peak is {format_bytes(peak_bytes)} either way: XLA reuses buffers "
+            "without the donation too")
+  return (f"aliased, but the peak is {format_bytes(peak_bytes)} with the donation and "
+          f"{format_bytes(without_bytes)} without it")
+
+
+def strict_problems(profile, function: str, threshold: int = 0) -> list[str]:
+  """For `strict="copies"`, which treats them like copies: one message (the library's shape) per
+  aliased leaf of at least `threshold` bytes with a temporary of about its size live beside it
+  at the peak (`profile.shadowed`), then one per other aliased leaf of that size when the peak is
+  not lower than without the donations (`profile.not_lowered`).
 
   >>> from donate._profile.model import Entry
   >>> t = Entry(16 << 20, "temporary", "exp", "f32[4194304]", "/src/f.py:6", None, "jit(f)/exp",
   ...           (3, 25))
-  >>> print(strict_problems([Shadow("x", "out", 16 << 20, t, 32 << 20, True)], "f")[0])
-  donate: f: the donation did not lower the peak at x: expected the output to be computed in the \
-donated buffer, got aliased, but a 16.0 MiB temporary of exp at f.py:6 is live with it: peak \
-32.0 MiB. Fix: print(donate.memory_profile(f, *args)) shows the buffers at the peak; compute the \
-value in place (or change the code at f.py:6), or leave strict="copies" off to accept it.
+  >>> print(strict_problems_of([Shadow("x", "out", 16 << 20, t, 32 << 20, True)], (), 0, "f")[0])
+  donate: f: at the peak, a temporary of about its size is live beside the donated buffer at x: \
+expected the output computed in the donated buffer, nothing of its size beside it, got aliased, \
+but a 16.0 MiB temporary of exp at f.py:6 is live with it: peak 32.0 MiB. Fix: \
+print(donate.memory_profile(f, *args)) shows the buffers at the peak; compute the value in place \
+(or change the code at f.py:6), or leave strict="copies" off to accept it.
   """
-  return [message(
-      f"{function}: the donation did not lower the peak", path=s.path,
-      expected="the output to be computed in the donated buffer", got=str(s),
-      fix="print(donate.memory_profile(f, *args)) shows the buffers at the peak; compute the "
-      f"value in place (or change the code at {s.where}), or leave strict=\"copies\" off to "
-      "accept it") for s in found if s.bytes >= threshold]
+  without = profile.peak_without_donation_bytes
+  return strict_problems_of(profile.shadowed, profile.not_lowered, threshold, function,
+                            profile.peak_bytes, without)
+
+
+def strict_problems_of(shadowed, not_lowered_entries, threshold: int, function: str,
+                       peak_bytes: int = 0, without_bytes: int | None = None) -> list[str]:
+  """`strict_problems` of the profile's `shadowed` and `not_lowered` (see there)."""
+  found = [message(
+      f"{function}: at the peak, a temporary of about its size is live beside the donated "
+      "buffer", path=s.path,
+      expected="the output computed in the donated buffer, nothing of its size beside it",
+      got=str(s), fix="print(donate.memory_profile(f, *args)) shows the buffers at the peak; "
+      f"compute the value in place (or change the code at {s.where}), or leave "
+      "strict=\"copies\" off to accept it") for s in shadowed if s.bytes >= threshold]
+  named = {s.path for s in shadowed if s.bytes >= threshold}
+  for e in not_lowered_entries:
+    path = e.path or e.value
+    if e.bytes < threshold or path in named or without_bytes is None:
+      continue
+    found.append(message(
+        f"{function}: the peak is not lower than without the donation", path=path,
+        expected="a lower peak with the donation than without it",
+        got=f"peak {format_bytes(peak_bytes)} with it, {format_bytes(without_bytes)} without it "
+        "(XLA reuses buffers without the donation too)",
+        fix="print(donate.memory_profile(f, *args)) shows the buffers at the peak; leave "
+        "strict=\"copies\" off to accept it"))
+  return found

@@ -19,6 +19,33 @@ def _clip(text: str | None, width: int) -> str:
   return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
+def saving(p) -> str:
+  """What the donations saved at the peak, measured, or why it was not."""
+  if p.alias_bytes == 0:
+    return "donation saved nothing at the peak: no output reuses an argument's buffer"
+  saved = p.donation_saved_bytes
+  if saved is None:
+    return f"donation saved: not measured: {p.saving_not_measured}"
+  without = f"({size(p.peak_without_donation_bytes)} without it)"
+  if saved < 0:
+    return f"donation cost {size(-saved)} at the peak {without}"
+  return f"donation saved {size(saved)} at the peak {without}"
+
+
+def _saving_explained(p) -> str | None:
+  saved = p.donation_saved_bytes
+  if p.alias_bytes == 0:
+    return None
+  if saved is None:
+    return f"What the donations saved at the peak is not measured: {p.saving_not_measured}."
+  reuse = (": XLA reuses buffers without the donations too" if saved < p.alias_bytes else "")
+  return (f"Compiled again without its donations (the same jaxpr, shardings and compiler "
+          f"options) the program peaks at {size(p.peak_without_donation_bytes)}: the "
+          f"donations saved {size(max(saved, 0))} at the peak"
+          + (f" (they cost {size(-saved)})" if saved < 0 else "")
+          + f" for {size(p.alias_bytes)} aliased{reuse}.")
+
+
 def explain(p) -> str:
   """XLA's figures for `p`'s program, what each counts, and why they differ, in words."""
   fixed = p.argument_bytes + p.output_bytes - p.alias_bytes + p.constant_bytes
@@ -43,7 +70,8 @@ def explain(p) -> str:
                  "XLA's packing leaves free there (alignment and gaps between buffers).")
   if p.xla_peak_bytes is not None:
     lines.append(_xla_peak(p, fixed, in_use))
-  return "\n".join(lines)
+  donation = _saving_explained(p)
+  return "\n".join(lines + ([donation] if donation else []))
 
 
 def _xla_peak(p, fixed: int, in_use: int) -> str:
@@ -86,8 +114,7 @@ def text(p) -> str:
            f"  arguments {size(p.argument_bytes)}, outputs {size(p.output_bytes)}, aliased "
            f"{size(p.alias_bytes)}, temporaries {size(p.temp_bytes)}"
            + (f", constants {size(p.constant_bytes)}" if p.constant_bytes else ""),
-           f"  donation saved {size(p.donation_saved_bytes)} at the peak (outputs that reuse "
-           "an argument's buffer)",
+           *_wrap(saving(p), WIDTH - 2, "  "),
            f"  {p.attributed_fraction():.0%} of the bytes at the peak carry a source line or "
            "a path", "", "at the peak:"]
   lines += ["  " + ln for ln in _table(p)]
@@ -96,13 +123,20 @@ def text(p) -> str:
   if p.could_donate:
     lines += ["", "could donate:"] + ["  " + _clip(str(s), WIDTH - 2) for s in p.could_donate]
   if p.shadowed:
-    lines += ["", "donations that did not lower the peak:"]
+    lines += ["", "donations with a temporary of their size beside them at the peak:"]
     for s in p.shadowed:
       lines += _wrap(f"{s.path} -> {s.output}: {s}", WIDTH - 2, "  ")
+  if p.not_lowered:
+    lines += ["", f"the peak is not lower than without the donations: {_aliased_list(p)}"]
   lines += ["", "XLA's figures:"]
   for paragraph in explain(p).splitlines():
     lines += _wrap(paragraph, WIDTH - 2, "  ")
   return "\n".join(lines)
+
+
+def _aliased_list(p) -> str:
+  names = [e.path or e.value for e in p.not_lowered]
+  return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _wrap(paragraph: str, width: int, indent: str) -> list[str]:
@@ -125,14 +159,17 @@ def html(p) -> str:
       f"<td><code>{esc(e.scope or '')}</code></td></tr>" for e in p.at_peak[:40])
   advice = "".join(f"<li>{esc(str(s))}</li>" for s in p.could_donate)
   shadowed = "".join(f"<li><code>{esc(s.path)}</code>: {esc(str(s))}</li>" for s in p.shadowed)
+  if p.not_lowered:
+    shadowed += (f"<li>the peak is not lower than without the donations: "
+                 f"<code>{esc(_aliased_list(p))}</code></li>")
   explained = "".join(f"<li>{esc(ln)}</li>" for ln in explain(p).splitlines())
   return (f"<div><b>memory profile of {esc(p.function)}</b> ({esc(p.platform)}, per device): "
           f"peak {esc(size(p.peak_bytes))} at step {p.peak_step}, "
-          f"{esc(size(p.reserved_bytes))} allocated"
+          f"{esc(size(p.reserved_bytes))} allocated; {esc(saving(p))}"
           "<table><tr><th>bytes</th><th>kind</th><th>path</th><th>source</th><th>scope</th>"
           f"</tr>{rows}</table>"
           + (f"<p>Could donate:</p><ul>{advice}</ul>" if advice else "")
-          + (f"<p>Donations that did not lower the peak:</p><ul>{shadowed}</ul>" if shadowed
+          + (f"<p>Donations that left the peak high:</p><ul>{shadowed}</ul>" if shadowed
              else "")
           + f"<p>XLA's figures:</p><ul>{explained}</ul></div>")
 
