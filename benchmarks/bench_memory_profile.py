@@ -6,11 +6,17 @@ module's text), the time to read the dump and build the profile, with the ratio 
 compile (the target: at most 10%), and the time to build the same profile from the compiled
 program alone (its buffer assignment proto, the live ranges recomputed; `memory_profile(compiled)`).
 
+A second table prices `donate.jit(step, donate_argnums=0).plan(*args)`, which reads the profile
+(the compiled program as it is on CPU) and compiles the program once more without its donations
+to measure what they saved at the peak: against `lower(*args).compile()` of the same function
+(each timed on a fresh function, so no cache of JAX's serves it).
+
   python benchmarks/bench_memory_profile.py
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -25,6 +31,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
+import donate  # noqa: E402
 from donate import _hlo  # noqa: E402
 from donate import _hlo_dump  # noqa: E402
 from donate._profile import api  # noqa: E402
@@ -86,6 +93,20 @@ def measure(jitted, args):
   return plain, dumped, build, from_compiled, profile
 
 
+def plan_cost(jitted, args):
+  """(lower + compile s, plan() s, the profile): each on a fresh donate.jit of a fresh function."""
+  def fresh():
+    step = jitted.__wrapped__
+    return donate.jit(functools.wraps(step)(lambda *a: step(*a)), donate_argnums=0)
+  t = time.perf_counter()
+  fresh().lower(*args).compile()
+  compiled = time.perf_counter() - t
+  t = time.perf_counter()
+  plan = fresh().plan(*args)
+  planned = time.perf_counter() - t
+  return compiled, planned, plan.profile
+
+
 def main() -> int:
   print(f"jax {jax.__version__}, {jax.default_backend()}, one run each")
   print("| program | compile s | compile with dump s | build profile s | build / compile "
@@ -95,6 +116,13 @@ def main() -> int:
     plain, dumped, build, alone, profile = measure(jitted, args)
     print(f"| {name} ({len(profile.timeline)} steps) | {plain:.2f} | {dumped:.2f} | {build:.3f} "
           f"| {build / plain:.1%} | {alone:.3f} | {alone / plain:.1%} |")
+  print()
+  print("| program | lower + compile s | plan() s | plan() - compile s | donation saved |")
+  print("|---|---|---|---|---|")
+  for name, jitted, args in programs():
+    compiled, planned, profile = plan_cost(jitted, args)
+    print(f"| {name} | {compiled:.2f} | {planned:.2f} | {planned - compiled:.2f} "
+          f"| {profile.donation_saved_bytes} B of {profile.alias_bytes} B aliased |")
   return 0
 
 
