@@ -495,3 +495,15 @@ def test_the_lowered_module_carries_jax_jits_source_locations():
   assert texts[0] == texts[1]
   assert "_gate.py" not in texts[1] and "_jit.py" not in texts[1]
   assert "test_dropin.py" in texts[1]
+
+
+@pytest.mark.parametrize("jit", [jax.jit, donate.jit])
+def test_a_deleted_input_at_the_first_call_raises_jaxs_error(jit):
+  x = jnp.arange(8.0)
+  x.delete()
+  with pytest.raises(RuntimeError, match="Array has been deleted"):
+    jit(lambda a: a * 2)(x)
+  sharded = jax.device_put(jnp.arange(8.0), NamedSharding(jax.make_mesh((1,), ("x",)), P("x")))
+  sharded.delete()
+  with pytest.raises(RuntimeError, match="Array has been deleted"):
+    jit(lambda a: a + 1, donate_argnums=0)(sharded)
