@@ -155,9 +155,11 @@ class JitWrapped:
   def plan(self, *args, **kwargs) -> _donation_plan.DonationPlan:
     """Traces, plans and compiles for these arguments; executes and consumes nothing.
 
-    An aliased leaf of at least `copy_threshold` bytes whose donation did not lower the peak (a
-    temporary of about its size live beside it) says so in its reason; `plan.profile` is then the
-    program's `donate.MemoryProfile` (one more compile, with XLA's dump).
+    When an aliased leaf has at least `copy_threshold` bytes, `plan.profile` is the program's
+    `donate.MemoryProfile`, with what the donations saved at the peak (measured by one more
+    compile, without them), and such a leaf whose donation left the peak high says so in its
+    reason: a temporary of about its size live beside it, or a peak not lower than without the
+    donations.
     """
     prep, call = self._prepare(args, kwargs)
     return prep.compile(call, with_profile=True)[1]
@@ -270,7 +272,9 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
       requested donation cannot be used, or names a leaf that is not a device buffer, instead of
       warning `UnusableDonationWarning` once per compile. "copies": raise when XLA copies a
       donated buffer or a loop carry of at least `copy_threshold` bytes anyway (see
-      `Compiled.copies()`). `("unusable", "copies")`: both.
+      `Compiled.copies()`), or when such an aliased leaf leaves the peak high (a temporary of
+      about its size beside it, or a peak not lower than without the donations; see
+      `plan()`). `("unusable", "copies")`: both.
     adopt_inner_donation: also donate outer inputs that a plain inner
       `jax.jit(..., donate_argnums=...)` (or `equinox.filter_jit(donate=...)`) donates. Off by
       default: like `jax.jit`, the outer call then consumes only what it was asked to; the plan

@@ -131,3 +131,26 @@ def test_compare_says_what_each_donation_saved():
   diff = before.compare(after)
   assert (diff.before_saved, diff.after_saved) == (0, after.alias_bytes)
   assert "donation saved at the peak: 0 B -> 1.0 MiB" in str(diff)
+
+
+def test_a_sharded_step_is_measured_with_its_shardings():
+  mesh = programs.cpu_mesh()
+  step = programs.sharded_step(mesh)
+  donated = donate.memory_profile(jax.jit(step, donate_argnums=0),
+                                  *programs._sharded_args(mesh))
+  plain = donate.memory_profile(jax.jit(step), *programs._sharded_args(mesh))
+  assert donated.peak_without_donation_bytes == plain.peak_bytes
+  assert donated.donation_saved_bytes == plain.peak_bytes - donated.peak_bytes
+
+
+@pytest.mark.skipif(not programs.targets.available(), reason="needs the gpu-aot extra")
+def test_an_h100_step_is_measured_from_xla_s_dump():
+  """Compiled ahead of time for 8 H100s (no buffer assignment in the program): the step without
+  its donations is compiled with XLA's dump, as the profile's own is."""
+  mesh = programs.targets.gpu_mesh("h100", 8)
+  args = programs._abstract(programs.mlp_args(), mesh)
+  donated = donate.memory_profile(jax.jit(programs.mlp_step, donate_argnums=0), *args)
+  plain = donate.memory_profile(jax.jit(programs.mlp_step), *args)
+  assert donated.platform == "gpu" and donated.alias_bytes > 0
+  assert donated.peak_without_donation_bytes == plain.peak_bytes
+  assert donated.donation_saved_bytes == plain.peak_bytes - donated.peak_bytes
