@@ -154,3 +154,32 @@ def test_an_h100_step_is_measured_from_xla_s_dump():
   assert donated.platform == "gpu" and donated.alias_bytes > 0
   assert donated.peak_without_donation_bytes == plain.peak_bytes
   assert donated.donation_saved_bytes == plain.peak_bytes - donated.peak_bytes
+
+
+def test_the_saving_is_measured_when_first_asked_not_when_the_profile_is_built():
+  """Building a profile compiles only the program it describes; the comparison compile without
+  the donations is made the first time the saving is asked, once."""
+  from jax import monitoring
+  compiles = []
+
+  def listener(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(event)
+
+  def fun(x):  # the #45912 pattern, a program no other test compiles (no cache hit)
+    y = jnp.exp(x) * 1.5
+    return y + jax.lax.fori_loop(0, 3, lambda i, s: s + y[i], 0.0)
+
+  args = jax.block_until_ready((jnp.ones((MIB,)),))
+  monitoring.register_event_duration_secs_listener(listener)
+  try:
+    profile = donate.memory_profile(jax.jit(fun, donate_argnums=0), *args)
+    built = len(compiles)
+    saved = profile.donation_saved_bytes
+    asked = len(compiles)
+    assert profile.donation_saved_bytes == saved and "saved" in str(profile)
+    again = len(compiles)
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
+  assert built == 1 and asked == 2 and again == 2
+  assert saved is not None and saved >= 0

@@ -13,8 +13,9 @@ Two sources give the same `reading.Dump`:
   `jax.stages.Compiled` without a buffer assignment (an H100 program compiled ahead of time) has
   no lowered program to compile again: it is refused with a catalogued error.
 
-Where the traced program is at hand, `measured` compiles it once more without its donations
-(`baseline`) and records that peak: what the donations saved.
+Where the traced program is at hand, `measured` gives the profile a `Saving` that compiles it
+once more without its donations (`baseline`) the first time it is asked: what the donations
+saved.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from donate._profile import naming
 from donate._profile import proto
 from donate._profile import reading
 from donate._profile.assemble import assemble
-from donate._profile.profile import MemoryProfile
+from donate._profile.profile import MemoryProfile, Saving
 
 def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
   """Where the memory of a compiled step goes, per device, from XLA's own buffer assignment.
@@ -50,7 +51,8 @@ def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
   Returns:
     A `donate.MemoryProfile`. Where it has the traced program (a function with its arguments, a
     `donate.jit` stage), what the donations saved at the peak is measured: the same program is
-    compiled once more without them (`donation_saved_bytes`); a `jax.stages.Compiled` or
+    compiled once more without them the first time `donation_saved_bytes` (or a view) is asked;
+    a `jax.stages.Compiled` or
     `Lowered` alone says why not (`saving_not_measured`).
 
   Raises:
@@ -194,24 +196,29 @@ def profile_of_signature(prep, lowered, plan, compiler_options=None, call=None,
 
 
 def measured(profile: MemoryProfile, baseline, compiler_options=None) -> MemoryProfile:
-  """`profile` with `peak_without_donation_bytes`: the peak of the same program compiled without
-  its donations (`baseline.lower()`, the same compiler options without XLA's dump), read as the
-  profile's own (from the buffer assignment a CPU program carries, else from XLA's dump). A
-  program that aliases nothing is its own baseline. Not measured (`saving_not_measured` says
-  why) without a baseline, or when the program without its donations does not compile."""
+  """`profile` with what its donations saved (`Saving`): the peak of the same program compiled
+  without them (`baseline.lower()`, the same compiler options without XLA's dump), read as the
+  profile's own (from the buffer assignment a CPU program carries, else from XLA's dump), the
+  first time it is asked. A program that aliases nothing is its own baseline. Not measured
+  (`saving_not_measured` says why) without a baseline, or when the program without its
+  donations does not compile."""
   if profile.alias_bytes == 0:
-    return dataclasses.replace(profile, peak_without_donation_bytes=profile.peak_bytes)
+    return dataclasses.replace(profile, saving=Saving(result=(profile.peak_bytes, "")))
   if baseline is None or baseline.lower is None:
     why = baseline.why if baseline is not None else _baseline.COMPILED_ALONE
-    return dataclasses.replace(profile, saving_not_measured=why)
+    return dataclasses.replace(profile, saving=Saving(result=(None, why)))
   options = {k: v for k, v in (compiler_options or {}).items() if not k.startswith("xla_dump")}
-  try:
-    lowered = baseline.lower()
-    peak = profile.peak_bytes if lowered is None else _peak(lowered, options, profile.platform)
-  except Exception as e:  # the profile stands without the comparison, saying why
-    return dataclasses.replace(profile, saving_not_measured=(
-        f"compiling it again without its donations failed ({type(e).__name__}: {e})"))
-  return dataclasses.replace(profile, peak_without_donation_bytes=peak)
+  peak_bytes, platform = profile.peak_bytes, profile.platform
+
+  def measure() -> tuple[int | None, str]:
+    try:
+      lowered = baseline.lower()
+      return (peak_bytes if lowered is None else _peak(lowered, options, platform)), ""
+    except Exception as e:  # the profile stands without the comparison, saying why
+      return None, (f"compiling it again without its donations failed ({type(e).__name__}: "
+                    f"{e})")
+
+  return dataclasses.replace(profile, saving=Saving(measure))
 
 
 def _peak(lowered, options: dict, platform: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from donate._profile import model
 from donate._profile import views
@@ -22,6 +23,22 @@ def _scope_key(e: Entry) -> str:
   return group_scope(e.scope) or f"({e.kind}, no scope)"
 
 
+class Saving:
+  """What the donations saved at the peak: `(peak without them, why not measured)`, measured by
+  `measure()` the first time `result()` is asked (building a profile compiles nothing more)."""
+
+  __slots__ = ("_measure", "_result", "_lock")
+
+  def __init__(self, measure=None, result: tuple[int | None, str] | None = None):
+    self._measure, self._result, self._lock = measure, result, threading.Lock()
+
+  def result(self) -> tuple[int | None, str]:
+    with self._lock:
+      if self._result is None:
+        self._result, self._measure = self._measure(), None
+      return self._result
+
+
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)
 class MemoryProfile:
   """Where the memory of one compiled program goes, per device, from XLA's buffer assignment.
@@ -34,8 +51,9 @@ class MemoryProfile:
   highest point, `at_peak` every buffer live there, largest first; it lies between
   `memory_analysis().peak_memory_in_bytes` and `reserved_bytes`. `explain()` says in words what
   XLA's own figures count and why they differ. `donation_saved_bytes` is what the donations
-  saved at the peak, measured by compiling the program again without them (where the profile
-  has the program: a function with its arguments, its `donate.jit` stages). `shadowed` names
+  saved at the peak, measured by compiling the program again without them when first asked
+  (where the profile has the program: a function with its arguments, its `donate.jit` stages).
+  `shadowed` names
   the aliased arguments with a temporary of about their size live beside them at the peak;
   `not_lowered` the aliased arguments when the peak is not lower than without the donations.
 
@@ -64,8 +82,19 @@ class MemoryProfile:
   could_donate: tuple[Suggestion, ...]
   shadowed: tuple = ()  # aliased, a temporary of their size beside them (`shadow.Shadow`)
   constant_bytes: int = 0
-  peak_without_donation_bytes: int | None = None  # the same program compiled without donations
-  saving_not_measured: str = ""  # why `peak_without_donation_bytes` is None
+  saving: "Saving | None" = dataclasses.field(default=None, compare=False)  # measured on demand
+
+  @property
+  def peak_without_donation_bytes(self) -> int | None:
+    """The peak of the same program compiled without its donations (one more compile, made the
+    first time this, `donation_saved_bytes`, `not_lowered` or a view asks); None when not
+    measured (`saving_not_measured` says why)."""
+    return self.saving.result()[0] if self.saving is not None else None
+
+  @property
+  def saving_not_measured(self) -> str:
+    """Why `peak_without_donation_bytes` is None ("" when it is measured)."""
+    return self.saving.result()[1] if self.saving is not None else "no baseline was given"
 
   @property
   def peak_bytes(self) -> int:
