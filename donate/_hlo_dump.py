@@ -92,13 +92,19 @@ def parse_buffer_assignment(text: str) -> tuple[Allocation, ...]:
 def parse_live_ranges(text: str) -> dict[str, tuple[int, int]]:
   """Value name (with its tuple index, `x{}`) -> (first, last) schedule position, both inclusive,
   from the `BufferLiveRange:` section of a `*live-range.txt` dump."""
-  ranges, inside = {}, False
+  return {m.group(1): (int(m.group(2)), int(m.group(3)))
+          for m in section_matches(text, "BufferLiveRange:", _RANGE)}
+
+
+def section_matches(text: str, header: str, pattern: re.Pattern):
+  """The matches of `pattern` on the lines after the line `header` of a dump file, up to the
+  first line it does not match."""
+  inside = False
   for line in text.splitlines():
-    if line.strip() == "BufferLiveRange:":
+    if line.strip() == header:
       inside = True
     elif inside:
-      found = _RANGE.match(line)
+      found = pattern.match(line)
       if not found:
-        break
-      ranges[found.group(1)] = (int(found.group(2)), int(found.group(3)))
-  return ranges
+        return
+      yield found

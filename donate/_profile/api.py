@@ -180,16 +180,7 @@ def profile_of_signature(prep, lowered, plan, compiler_options=None, call=None,
   again without them, for the leaves of `call`). `compiled` (its `jax.stages.Compiled`) is read
   as it is where it carries its buffer assignment; otherwise, and without it, its
   `jax.stages.Lowered` is compiled again with the dump."""
-  dump = None
-  if compiled is not None:
-    try:
-      dump = dump_of_compiled(compiled)
-    except liverange.Unsupported:
-      dump = None
-  if dump is None:
-    compiled, dump, module = _compile_with_dump(lowered, compiler_options)
-  else:
-    module = _hlo.parse_module(compiled.as_text())
+  compiled, dump, module = _assignment(compiled, lowered, compiler_options)
   profile = _profile(compiled, dump, module, signature_of(prep.fn), prep.fn.name,
                      _donate_names(plan, prep))
   return measured(profile, _baseline.of_signature(prep, call), compiler_options)
@@ -224,16 +215,22 @@ def measured(profile: MemoryProfile, baseline, compiler_options=None) -> MemoryP
 def _peak(lowered, options: dict, platform: str) -> int:
   """The peak of `lowered` compiled with `options`: on CPU from the buffer assignment the
   compiled program carries, elsewhere from XLA's dump of the compile."""
-  if platform == "cpu":
-    compiled = lowered.compile(compiler_options=options or None)
+  compiled = lowered.compile(compiler_options=options or None) if platform == "cpu" else None
+  return _profile(*_assignment(compiled, lowered, options or None), None).peak_bytes
+
+
+def _assignment(compiled, lowered, compiler_options):
+  """`(compiled, dump, module)`: the buffer assignment `compiled` carries (CPU programs without
+  asynchronous instructions), else `lowered` compiled again with XLA's dump of it."""
+  dump = None
+  if compiled is not None:
     try:
       dump = dump_of_compiled(compiled)
     except liverange.Unsupported:
       dump = None
-    if dump is not None:
-      return _profile(compiled, dump, _hlo.parse_module(compiled.as_text()), None).peak_bytes
-  compiled, dump, module = _compile_with_dump(lowered, options or None)
-  return _profile(compiled, dump, module, None).peak_bytes
+  if dump is None:
+    return _compile_with_dump(lowered, compiler_options)
+  return compiled, dump, _hlo.parse_module(compiled.as_text())
 
 
 def _compile_with_dump(lowered, compiler_options):

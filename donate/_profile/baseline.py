@@ -39,10 +39,13 @@ def of_traced(traced) -> Baseline:
   if not isinstance(traced, jax.stages.Traced):
     return Baseline(None, NO_TRACE)
 
-  def lower():
-    twin = _compat.traced_without_donation(traced)
-    return None if twin is None else twin.lower()
-  return Baseline(lower)
+  return Baseline(lambda: _lowered_without_donation(traced))
+
+
+def _lowered_without_donation(traced):
+  """`traced` lowered with no donated input; None when it donates nothing."""
+  twin = _compat.traced_without_donation(traced)
+  return None if twin is None else twin.lower()
 
 
 def of_signature(prep, call) -> Baseline:
@@ -58,6 +61,5 @@ def of_signature(prep, call) -> Baseline:
     else:
       with prep.fn.gate:
         traced = prep.inner.jitted.trace(*call.leaves)
-    twin = _compat.traced_without_donation(traced)
-    return None if twin is None else twin.lower()
+    return _lowered_without_donation(traced)
   return Baseline(lower)

@@ -85,16 +85,8 @@ def parse_sequence(text: str) -> tuple[str, ...]:
   ...   BufferLiveRange:''')
   ('x.1', 'exp')
   """
-  out, inside = [], False
-  for line in text.splitlines():
-    if line.strip() == "InstructionSequence:":
-      inside = True
-    elif inside:
-      found = _SEQUENCE.match(line)
-      if not found:
-        break
-      out.append(found.group(2))
-  return tuple(out)
+  return tuple(m.group(2) for m in _hlo_dump.section_matches(text, "InstructionSequence:",
+                                                              _SEQUENCE))
 
 
 def dump_files(folder: str, module_name: str | None = None) -> tuple[str, str]:
