@@ -186,7 +186,7 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
   return pairs
 
 
-def _first_come(leaves, outputs, donated, flow, planned):
+def _first_come(leaves, outputs, donated, planned):
   """`jax.jit`'s pairs as {leaf: (output, strength)}, when only its own lowering can run a call."""
   pairs = {}
   for i, j in fcfs_pairs(leaves, outputs, donated).items():
@@ -406,7 +406,7 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
   donated = [] if disabled else [i for i in sorted(sources) if used[i] and leaves[i].is_array]
   pairs = _pair(leaves, outputs, donated, flow, xla_decides)
   if first_come:
-    pairs = _first_come(leaves, outputs, donated, flow, pairs)
+    pairs = _first_come(leaves, outputs, donated, pairs)
     notes.append(f"dataflow pairing not applied ({first_come}: only jax.jit's own lowering "
                  "handles them); outputs reuse donated buffers first come, first served")
   explicit = set().union(*flow.out_explicit) if flow.out_explicit else set()

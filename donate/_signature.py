@@ -325,8 +325,9 @@ def _make_plan(fn: Function, leaves, outputs, requested, flow, marked, xla_decid
   if options.strict_unusable and any(d.reason.startswith(_donation_plan.NOT_A_DEVICE_BUFFER)
                                      for d in plan.decisions if d.requested):
     raise _errors.DonationError(plan.explain_host())
-  disabled = [d.path for d in plan.decisions if d.requested and d.reason == JAX_DISABLED]
-  if options.strict_unusable and disabled:
+  disabled = options.strict_unusable and [d.path for d in plan.decisions
+                                           if d.requested and d.reason == JAX_DISABLED]
+  if disabled:
     raise _errors.DonationError(_errors.message(
         f"{fn.name}: strict mode, and JAX donates nothing while jax_debug_nans is on",
         expected="donation of " + ", ".join(disabled), got="jax_debug_nans=True",
