@@ -1,7 +1,9 @@
 """Prints every benchmark table: donation (against jax.jit), the copy report's cost (against the
 first call), the cost of wide pytrees (against jax.jit), the memory profile's cost (against the
 compile) and a Llama-3-8B-shaped step's on 32 abstract H100s (with and without donation; it says
-what to install without the gpu-aot extra), and the planner (against greedy).
+what to install without the gpu-aot extra), the compiled peak of steps whose outputs do not mirror
+their donated inputs (against jax.jit's first-come pairing, on CPU, 8 CPU devices and 8 abstract
+H100s), and the planner (against greedy).
 
   python benchmarks/run_all.py [--quick]
 """
@@ -22,7 +24,8 @@ def main() -> int:
   cost = ["--sizes", "10,100", "--repeats", "3", "--layers", "4"] if quick else []
   for script, extra in (("bench_donation.py", quick), ("bench_copies.py", quick),
                         ("bench_pytree_cost.py", cost), ("bench_memory_profile.py", []),
-                        ("bench_memory_llama.py", []), ("bench_planner.py", planner)):
+                        ("bench_memory_llama.py", []), ("bench_pairing_peak.py", []),
+                        ("bench_planner.py", planner)):
     print(f"## {script}\n", flush=True)
     status |= subprocess.call([sys.executable, str(HERE / script), *extra])
     print(flush=True)
