@@ -147,6 +147,21 @@ def traced_without_donation(traced):
   return twin
 
 
+def traced_with_donation(traced, leaves: set[int]):
+  """A copy of a `jax.stages.Traced` that donates also the argument leaves `leaves` (indices
+  into its flat arguments): what a memory profile's advice compiles to measure a donation."""
+  donated = list(traced._params["donated_invars"])
+  first = len(traced._consts)
+  for k in leaves:
+    donated[first + k] = True
+  twin = copy.copy(traced)
+  twin._params = {**traced._params, "donated_invars": tuple(donated)}
+  for cached in ("_lojax", "_closure_converted"):
+    if cached in type(traced).__slots__:
+      setattr(twin, cached, None)
+  return twin
+
+
 def lowered_kept_leaves(jax_lowered) -> tuple[tuple[int, ...], int]:
   """`(kept, n_const_args)`: the argument leaves the module's `main` takes (after dead-code
   elimination), and how many hoisted constants precede them. Only the lowering knows either."""

@@ -292,6 +292,8 @@ TRIGGERS = {
     "profile-no-buffer-assignment": lambda: donate.memory_profile(
         jax.jit(jnp.sin).lower(h100_arg()).compile()),
     "profile-unknown-device": lambda: donate.memory_profile(jax.jit(jnp.sin), arr()).fits("a100"),
+    "profile-no-program": lambda: donate.memory_profile(
+        jax.jit(jnp.sin).lower(arr()).compile()).advice(),
 }
 
 ROWS = parse_catalogue()

@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import shutil
 import tempfile
 
 import jax
 from jax import tree_util
 
+from donate import _compat
 from donate import _hlo
 from donate import _hlo_dump
+from donate._profile import advice as _advice
 from donate._profile import baseline as _baseline
 from donate._profile import errors
 from donate._profile import liverange
@@ -91,11 +94,30 @@ the function with its arguments)
     lowered = traced.lower()
     baseline = (_baseline.of_signature(traced._prep, traced._call) if hasattr(traced, "_prep")
                 else _baseline.of_traced(traced))
+    if not hasattr(traced, "_prep") and isinstance(traced, jax.stages.Traced):
+      profile = profile_of_lowered(lowered, signature=_signature(jitted), baseline=baseline)
+      return dataclasses.replace(profile, program=_program(lowered, profile.platform, traced))
   elif callable(getattr(jitted, "lower", None)):
     lowered, baseline = jitted.lower(*args, **kwargs), _baseline.Baseline(why=_baseline.NO_TRACE)
   else:
     errors.not_a_jitted_function(jitted)
-  return profile_of_lowered(lowered, signature=_signature(jitted), baseline=baseline)
+  profile = profile_of_lowered(lowered, signature=_signature(jitted), baseline=baseline)
+  return dataclasses.replace(profile, program=_program(lowered, profile.platform))
+
+
+def _program(lowered, platform: str, traced=None) -> _advice.Program:
+  """How `advice()` compiles the profiled program again (with more donations: from `traced`)."""
+  def compile_with(options: dict) -> int:
+    return _peak(lowered, options, platform)
+
+  def donating(argnums: tuple[int, ...]) -> int:
+    args = traced.args_info[0]
+    starts = [0]
+    for a in args:
+      starts.append(starts[-1] + len(tree_util.tree_leaves(a)))
+    leaves = {k for n in argnums for k in range(starts[n], starts[n + 1])}
+    return _peak(_compat.traced_with_donation(traced, leaves).lower(), {}, platform)
+  return _advice.Program(compile_with, donating if traced is not None else None)
 
 
 def _is_donate_lowered(obj) -> bool:
@@ -242,14 +264,39 @@ def _compile_with_dump(lowered, compiler_options):
     module = _hlo.parse_module(compiled.as_text())
     try:
       dump = reading.read_dump(folder, module.name)
-    except FileNotFoundError:
-      errors.no_buffer_assignment(compiled, "XLA wrote no buffer assignment for it")
+    except FileNotFoundError:  # from JAX's persistent compilation cache: nothing was compiled
+      compiled, dump, module = _uncached(lowered, compiled, options, folder)
     if dump.hlo_text is not None and not _names_every_value(module, dump):
       module = _hlo.parse_module(dump.hlo_text)
   finally:
     if not given:
       shutil.rmtree(folder, ignore_errors=True)
   return compiled, dump, module
+
+
+_UNCACHED = itertools.count(1 << 20)
+
+
+def _uncached(lowered, compiled, options: dict, folder: str):
+  """`(compiled, dump, module)` of a program JAX's persistent compilation cache returned, which
+  no compile wrote a dump of: the buffer assignment the executable carries (CPU), else the
+  program compiled again with the dump and a cache key of its own. JAX leaves XLA's dump options
+  out of its cache key; `xla_debug_buffer_assignment_show_max` (how many buffers XLA's debug text
+  lists, no effect on the program) is in it, so a fresh value makes the compile miss the cache."""
+  try:
+    dump = dump_of_compiled(compiled)
+  except liverange.Unsupported:
+    dump = None
+  if dump is not None:
+    return compiled, dump, _hlo.parse_module(compiled.as_text())
+  options = {**options, "xla_debug_buffer_assignment_show_max": next(_UNCACHED)}
+  compiled = lowered.compile(compiler_options=options)
+  module = _hlo.parse_module(compiled.as_text())
+  try:
+    return compiled, reading.read_dump(folder, module.name), module
+  except FileNotFoundError:
+    errors.no_buffer_assignment(compiled, "XLA wrote no buffer assignment for it, compiled "
+                                "again outside JAX's persistent compilation cache")
 
 
 def _names_every_value(module, dump) -> bool:

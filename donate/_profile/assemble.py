@@ -8,9 +8,11 @@ outputs in, a profile out.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 from donate import _hlo
+from donate._profile import categories
 from donate._profile import naming
 from donate._profile import reading
 from donate._profile import shadow
@@ -56,14 +58,34 @@ def assemble(dump: reading.Dump, module: _hlo.Module, stats, *, function: str = 
   paths = {e.index: e.path for e in params}
   at = [b for b in buffers if b.start <= peak < b.end]
   live = [_temp_entry(module, b, peak, b.color in collective, paths) for b in at]
+  flow = categories.Flow(module)
+  pairing = categories.pair(flow, params, outs, module)
+  params, outs, constants, live = _categorized(flow, module, pairing, params, outs, constants,
+                                               live)
   at_peak = sorted(params + outs + constants + live, key=lambda e: -e.bytes)
-  advice = _could_donate(params, outs, set(donated), signature, in_shardings, out_shardings)
+  advice = _could_donate(params, outs, set(donated), signature, in_shardings, out_shardings,
+                         pairing)
   sums = reading.totals(dump)
   xla_peak = getattr(stats, "peak_memory_in_bytes", None) if stats is not None else None
   shadowed = shadow.shadows(dump, module, params, list(zip(live, at)), peak, timeline[peak].total)
   return MemoryProfile(function, platform, sums["argument"], sums["output"], sums["alias"],
                        sums["temp"], None if xla_peak is None else int(xla_peak), timeline,
                        peak, tuple(at_peak), tuple(advice), shadowed, timeline.constants)
+
+
+def _categorized(flow, module, pairing, params, outs, constants, live):
+  """The entries with their category (`categories`), function and layer count."""
+  of_argument = categories.argument_categories(flow, module, params, pairing)
+  params = [dataclasses.replace(e, category=of_argument.get(e.index, "inputs")) for e in params]
+  outs = [dataclasses.replace(e, category="outputs") for e in outs]
+  constants = [dataclasses.replace(e, category="constants") for e in constants]
+  named = []
+  for e in live:
+    source, function = categories.layer_source(flow, e)
+    named.append(dataclasses.replace(
+        e, category=categories.temporary_category(flow, e, of_argument),
+        repeat=categories.repeat_of(flow, e), source=source or e.source, function=function))
+  return params, outs, constants, named
 
 
 def _running(diff: list[int], steps: int) -> list[int]:
@@ -152,21 +174,20 @@ def _argument_of(path: str, signature) -> tuple[int | None, str]:
   return (positional.index(name) if name in positional else None), name
 
 
-def _could_donate(params, outs, donated, signature, in_shardings, out_shardings):
-  """Inputs not donated whose buffer an output of the same shape, dtype and sharding could
-  reuse, paired first come, first served (as `jax.jit` pairs donations)."""
-  free = [o for o in outs if o.index is not None]
+def _could_donate(params, outs, donated, signature, in_shardings, out_shardings, pairing):
+  """Inputs not donated whose buffer the output computed from them (`categories.pair`: the
+  dataflow, never a size alone) could reuse, where that output has the input's shape, dtype and
+  sharding."""
+  by_index = {o.index: o for o in outs if o.index is not None}
   found = []
   for p in params:
-    if p.aliased or p.index in donated:
+    if p.aliased or p.index in donated or p.index not in pairing.outputs:
       continue
-    for o in free:
-      if o.shape == p.shape and o.bytes == p.bytes and _same_sharding(
-          p.index, o.index, in_shardings, out_shardings, _ndim(p.shape)):
-        free.remove(o)
-        argnum, argname = _argument_of(p.path, signature)
-        found.append(Suggestion(p.path, o.path, p.bytes, argnum, argname))
-        break
+    o = by_index.get(pairing.outputs[p.index][0])
+    if o is not None and _same_sharding(p.index, o.index, in_shardings, out_shardings,
+                                        _ndim(p.shape)):
+      argnum, argname = _argument_of(p.path, signature)
+      found.append(Suggestion(p.path, o.path, p.bytes, argnum, argname))
   return found
 
 

@@ -30,3 +30,13 @@ def not_a_jitted_function(obj):
       "memory_profile needs a compiled step", expected="a jax.jit or donate.jit function (with "
       "its arguments), a Lowered or a Compiled", got=type(obj).__name__,
       fix="wrap the function: donate.memory_profile(jax.jit(f), *args)"))
+
+
+def no_program_for_advice():
+  """`profile.advice()` on a profile of a `jax.stages.Compiled` alone."""
+  raise DonationError(message(
+      "advice() compiles the profiled program again with each candidate change, and this "
+      "profile has no program to compile (it was read from a jax.stages.Compiled alone)",
+      expected="a profile of a jax.jit or donate.jit function with its arguments, or of a "
+      "Lowered", got="a profile of a Compiled",
+      fix="donate.memory_profile(f, *args).advice()"))

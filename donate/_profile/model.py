@@ -34,6 +34,12 @@ class Entry:
     aliased: an argument an output reuses (a donation XLA made).
     output: for an aliased argument, the output that reuses it.
     index: the entry parameter or output number, for arguments and outputs.
+    category: what it is in the user's terms, one of `categories.CATEGORIES` ("parameters",
+      "optimizer state", "gradients", "activations", "state", "inputs", "outputs",
+      "collective", "temporaries", "constants"), from the program's dataflow.
+    function: the user's function at `source`, where XLA's metadata names it.
+    repeat: how many layers' values the buffer holds (a `scan` over layers stacks each layer's
+      residual into one buffer: its trip count), else 1.
   """
   bytes: int
   kind: str
@@ -46,6 +52,9 @@ class Entry:
   aliased: bool = False
   output: str | None = None
   index: int | None = None
+  category: str = "temporaries"
+  function: str | None = None
+  repeat: int = 1
 
   @property
   def attributed(self) -> bool:
@@ -115,6 +124,45 @@ class Group:
 
   def __str__(self) -> str:
     return f"{self.key}: {format_bytes(self.bytes)} at the peak ({self.count} buffers)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Line:
+  """Bytes at the peak made at one source line: `count` layers' values (a scanned layer's stacked
+  residual counts its trip count), the category that holds most of them.
+
+  >>> str(Line("model.py:3", "layer", 32 << 20, 4, "activations"))
+  '4 x 8.0 MiB, layer() at model.py:3 (activations)'
+  """
+  source: str
+  function: str | None
+  bytes: int
+  count: int
+  category: str
+
+  def __str__(self) -> str:
+    import os
+    where = os.path.basename(self.source) if ":" in self.source else self.source
+    at = f"{self.function.rsplit('.', 1)[-1]}() at {where}" if self.function else where
+    each = format_bytes(self.bytes // max(self.count, 1))
+    return f"{self.count} x {each}, {at} ({self.category})"
+
+
+def lines(entries) -> tuple[Line, ...]:
+  """The entries grouped by source line (those without one left out), largest first."""
+  found: dict[str, list] = {}
+  for e in entries:
+    if e.source is not None:
+      found.setdefault(e.source, []).append(e)
+  rows = []
+  for source, es in found.items():
+    by_category: dict[str, int] = {}
+    for e in es:
+      by_category[e.category] = by_category.get(e.category, 0) + e.bytes
+    rows.append(Line(source, next((e.function for e in es if e.function), None),
+                     sum(e.bytes for e in es), sum(e.repeat for e in es),
+                     max(by_category, key=lambda c: (by_category[c], c))))
+  return tuple(sorted(rows, key=lambda r: (-r.bytes, r.source)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -32,6 +32,10 @@ class Saving:
   def __init__(self, measure=None, result: tuple[int | None, str] | None = None):
     self._measure, self._result, self._lock = measure, result, threading.Lock()
 
+  def known(self) -> tuple[int | None, str] | None:
+    """The result if it was measured (or needs no compile), else None: compiles nothing."""
+    return self._result
+
   def result(self) -> tuple[int | None, str]:
     with self._lock:
       if self._result is None:
@@ -83,6 +87,7 @@ class MemoryProfile:
   shadowed: tuple = ()  # aliased, a temporary of their size beside them (`shadow.Shadow`)
   constant_bytes: int = 0
   saving: "Saving | None" = dataclasses.field(default=None, compare=False)  # measured on demand
+  program: object = dataclasses.field(default=None, compare=False)  # `advice.Program` or None
 
   @property
   def peak_without_donation_bytes(self) -> int | None:
@@ -156,6 +161,35 @@ class MemoryProfile:
     one by their path), largest first."""
     return model.group(self.at_peak, _source_key)
 
+  def by_category(self) -> tuple[model.Group, ...]:
+    """The bytes at the peak by category (`Entry.category`): rows with `key`, `bytes` and
+    `count`, largest first; their bytes sum to `peak_bytes`."""
+    return model.group(self.at_peak, lambda e: e.category)
+
+  def by_line(self) -> tuple[model.Line, ...]:
+    """The bytes at the peak by the user's source line, with how many layers' values each holds
+    (`str()`: "6 x 96.0 KiB, layer() at model.py:3 (activations)"), largest first."""
+    return model.lines(self.at_peak)
+
+  def measure(self) -> "MemoryProfile":
+    """Measures what the donations saved (one compile without them, the first time) and returns
+    the profile, so that `print(profile.measure())` shows it; printing alone compiles nothing."""
+    if self.saving is not None:
+      self.saving.result()
+    return self
+
+  @property
+  def saving_measured(self) -> bool:
+    """Whether the donation saving is known without a compile (`measure()` makes it so)."""
+    return self.saving is None or self.saving.known() is not None
+
+  def advice(self, candidates=None) -> tuple:
+    """What would lower the peak: items with `change`, `how`, `peak_bytes` (measured: one
+    compile per candidate, made here) and `saving_bytes` (see `donate._profile.advice`);
+    `candidates` limits the compiled ones (by their `change` or `how`)."""
+    from donate._profile import advice
+    return advice.advise(self, candidates)
+
   def by_scope(self) -> tuple[model.Group, ...]:
     """The bytes at the peak grouped by JAX name-stack scope (the `op_name` without its
     primitive; arguments and outputs as `(arguments)`, `(outputs)`), largest first."""
@@ -203,7 +237,7 @@ class MemoryProfile:
     return views.html(self)
 
   def plot(self, ax=None):
-    """The timeline as stacked areas with the peak marked, and the peak by scope as bars.
+    """The timeline as stacked areas with the peak marked, and the peak by category as bars.
 
     Needs matplotlib. Returns the matplotlib figure.
     """

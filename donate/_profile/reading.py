@@ -106,7 +106,11 @@ def dump_files(folder: str, module_name: str | None = None) -> tuple[str, str]:
 
 def read_dump(folder: str, module_name: str | None = None) -> Dump:
   """Reads the dump of one compiled module (the last one in `folder` named `module_name`)."""
-  assignment, ranges_file = dump_files(folder, module_name)
+  return read_files(*dump_files(folder, module_name))
+
+
+def read_files(assignment: str, ranges_file: str) -> Dump:
+  """Reads one module's `*buffer-assignment.txt` and `*live-range.txt` (and its module text)."""
   with open(assignment) as fh:
     allocations = _hlo_dump.parse_buffer_assignment(fh.read())
   with open(ranges_file) as fh:

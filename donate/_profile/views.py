@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html as _html
 
+from donate._profile.treemap import treemap
 from donate._text import format_bytes
 
 WIDTH = 100
@@ -19,10 +20,16 @@ def _clip(text: str | None, width: int) -> str:
   return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
+NOT_YET = "not measured yet: profile.measure()"
+
+
 def saving(p) -> str:
-  """What the donations saved at the peak, measured, or why it was not."""
+  """What the donations saved at the peak, measured, or why it was not (compiles nothing: before
+  `profile.measure()` it says so)."""
   if p.alias_bytes == 0:
     return "donation saved nothing at the peak: no output reuses an argument's buffer"
+  if not p.saving_measured:
+    return f"donation saved: {NOT_YET}"
   saved = p.donation_saved_bytes
   if saved is None:
     return f"donation saved: not measured: {p.saving_not_measured}"
@@ -33,9 +40,11 @@ def saving(p) -> str:
 
 
 def _saving_explained(p) -> str | None:
-  saved = p.donation_saved_bytes
   if p.alias_bytes == 0:
     return None
+  if not p.saving_measured:
+    return f"What the donations saved at the peak: {NOT_YET}."
+  saved = p.donation_saved_bytes
   if saved is None:
     return f"What the donations saved at the peak is not measured: {p.saving_not_measured}."
   reuse = (": XLA reuses buffers without the donations too" if saved < p.alias_bytes else "")
@@ -92,14 +101,14 @@ def _xla_peak(p, fixed: int, in_use: int) -> str:
 
 
 def _table(p) -> list[str]:
-  head = f"{'bytes':>10}  {'kind':<10}  {'owner (path or source line)':<44}  scope"
+  head = f"{'bytes':>10}  {'category':<15}  {'owner (path or source line)':<44}  scope"
   lines = [head, "-" * min(WIDTH - 2, len(head) + 24)]
   for e in p.at_peak[:_ROWS]:
     owner = e.path or e.source or e.value
     if e.aliased and e.output:
       owner = f"{owner} -> {e.output}"
-    lines.append(f"{size(e.bytes):>10}  {e.kind:<10}  {_clip(owner, 44):<44}  "
-                 f"{_clip(e.scope, WIDTH - 72)}")
+    lines.append(f"{size(e.bytes):>10}  {e.category:<15}  {_clip(owner, 44):<44}  "
+                 f"{_clip(e.scope, WIDTH - 77)}")
   rest = p.at_peak[_ROWS:]
   if rest:
     lines.append(f"{size(sum(e.bytes for e in rest)):>10}  ({len(rest)} more buffers)")
@@ -118,6 +127,10 @@ def text(p) -> str:
            f"  {p.attributed_fraction():.0%} of the bytes at the peak carry a source line or "
            "a path", "", "at the peak:"]
   lines += ["  " + ln for ln in _table(p)]
+  lines += ["", "by category:"] + [f"  {size(g.bytes):>10}  {g.key} ({g.count} buffers)"
+                                   for g in p.by_category()]
+  lines += ["", "by source line:"] + [f"  {size(r.bytes):>10}  {_clip(str(r), WIDTH - 14)}"
+                                      for r in p.by_line()[:6]]
   lines += ["", "by scope:"] + [f"  {size(g.bytes):>10}  {_clip(g.key, WIDTH - 14)}"
                                 for g in p.by_scope()[:6]]
   if p.could_donate:
@@ -126,7 +139,7 @@ def text(p) -> str:
     lines += ["", "donations with a temporary of their size beside them at the peak:"]
     for s in p.shadowed:
       lines += _wrap(f"{s.path} -> {s.output}: {s}", WIDTH - 2, "  ")
-  if p.not_lowered:
+  if p.saving_measured and p.not_lowered:
     lines += ["", f"the peak is not lower than without the donations: {_aliased_list(p)}"]
   lines += ["", "XLA's figures:"]
   for paragraph in explain(p).splitlines():
@@ -154,19 +167,20 @@ def html(p) -> str:
   """The profile as an HTML table for notebooks."""
   esc = _html.escape
   rows = "".join(
-      f"<tr><td style='text-align:right'>{esc(size(e.bytes))}</td><td>{esc(e.kind)}</td>"
+      f"<tr><td style='text-align:right'>{esc(size(e.bytes))}</td><td>{esc(e.category)}</td>"
       f"<td><code>{esc(e.path or '')}</code></td><td><code>{esc(e.source or '')}</code></td>"
       f"<td><code>{esc(e.scope or '')}</code></td></tr>" for e in p.at_peak[:40])
   advice = "".join(f"<li>{esc(str(s))}</li>" for s in p.could_donate)
   shadowed = "".join(f"<li><code>{esc(s.path)}</code>: {esc(str(s))}</li>" for s in p.shadowed)
-  if p.not_lowered:
+  if p.saving_measured and p.not_lowered:
     shadowed += (f"<li>the peak is not lower than without the donations: "
                  f"<code>{esc(_aliased_list(p))}</code></li>")
   explained = "".join(f"<li>{esc(ln)}</li>" for ln in explain(p).splitlines())
   return (f"<div><b>memory profile of {esc(p.function)}</b> ({esc(p.platform)}, per device): "
           f"peak {esc(size(p.peak_bytes))} at step {p.peak_step}, "
           f"{esc(size(p.reserved_bytes))} allocated; {esc(saving(p))}"
-          "<table><tr><th>bytes</th><th>kind</th><th>path</th><th>source</th><th>scope</th>"
+          + treemap(p) +
+          "<table><tr><th>bytes</th><th>category</th><th>path</th><th>source</th><th>scope</th>"
           f"</tr>{rows}</table>"
           + (f"<p>Could donate:</p><ul>{advice}</ul>" if advice else "")
           + (f"<p>Donations that left the peak high:</p><ul>{shadowed}</ul>" if shadowed
@@ -175,7 +189,7 @@ def html(p) -> str:
 
 
 def plot(p, ax=None):
-  """Stacked areas of the timeline with the peak marked, and bars of the peak by scope."""
+  """Stacked areas of the timeline with the peak marked, and bars of the peak by category."""
   import matplotlib.pyplot as plt
   if ax is None:
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(12, 4), width_ratios=(2, 1))
@@ -196,7 +210,7 @@ def plot(p, ax=None):
   ax.set_title(f"{p.function}: peak {size(p.peak_bytes)} at step {p.peak_step}")
   ax.legend(loc="upper left", fontsize="small")
   if bars is not None:
-    groups = p.by_scope()[:8][::-1]
+    groups = p.by_category()[::-1]
     bars.barh([_clip(g.key, 40) for g in groups], [g.bytes / mib for g in groups])
     bars.set_xlabel("MiB at the peak")
     fig.tight_layout()

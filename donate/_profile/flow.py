@@ -1,0 +1,210 @@
+"""The compiled program's dataflow, read from its HLO: which pass made a value, who reads it, and
+which input an output is computed from.
+
+JAX writes its name stack into every instruction's `op_name`: values of the forward pass of a
+differentiated function carry `jvp(...)`, those of its backward pass `transpose(jvp(...))`
+(`phase`). A value is followed through the instructions that only move it (tuples, bitcasts,
+copies, a loop's carry that its body passes on unchanged) to where it was made (`Flow.origin`) and
+to the instructions that read it (`Flow.reader_phases`). `Flow.computed_from` is the dataflow
+distance from each entry parameter to an output: how many computing instructions lie between
+them (0: the output is the parameter itself), within `DEPTH`.
+
+>>> from donate import _hlo
+>>> m = _hlo.parse_module('''HloModule m
+...
+... ENTRY %main (a: f32[4], b: f32[4]) -> (f32[4], f32[4]) {
+...   %a = f32[4]{0} parameter(0), metadata={op_name="a"}
+...   %b = f32[4]{0} parameter(1), metadata={op_name="b"}
+...   %t = f32[4]{0} tanh(%a), metadata={op_name="jit(f)/jvp()/tanh"}
+...   %g = f32[4]{0} multiply(%t, %b), metadata={op_name="jit(f)/transpose(jvp())/mul"}
+...   %u = f32[4]{0} subtract(%a, %g), metadata={op_name="jit(f)/sub"}
+...   %v = f32[4]{0} add(%b, %u), metadata={op_name="jit(f)/add"}
+...   ROOT %r = (f32[4]{0}, f32[4]{0}) tuple(%u, %v)
+... }''')
+>>> flow = Flow(m)
+>>> flow.phase_of(m.find("t")), sorted(flow.reader_phases(m.find("t"), ()))
+('forward', ['backward'])
+>>> flow.computed_from(0), flow.computed_from(1)
+({0: 1, 1: 2}, {1: 1, 0: 2})
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from donate import _hlo
+from donate._profile import naming
+
+DEPTH = 6  # computing instructions followed from an output back to its inputs
+_MOVES = ("bitcast", "copy", "reshape", "get-tuple-element", "tuple", "optimization-barrier",
+          "copy-start", "copy-done", "domain")
+
+
+def phase(scope: str | None) -> str:
+  """"backward" (`transpose(...)` in the name stack), "forward" (`jvp(...)`) or "other"."""
+  if not scope:
+    return "other"
+  if "transpose(" in scope:
+    return "backward"
+  return "forward" if "jvp(" in scope else "other"
+
+
+class Flow:
+  """Users, origins and readers of the values of one parsed module (built once per profile)."""
+
+  def __init__(self, module: _hlo.Module):
+    self.module = module
+    self._users = {name: module.users(comp) for name, comp in module.computations.items()}
+    self.roots = naming.output_instructions(module)
+
+  def users(self, instr: _hlo.Instruction):
+    return self._users.get(instr.computation, {}).get(instr.name, ())
+
+  def scope_of(self, instr: _hlo.Instruction | None) -> str | None:
+    """`instr`'s own `op_name`, or the first of its fused kernel's."""
+    if instr is None:
+      return None
+    if instr.metadata_op:
+      return instr.metadata_op
+    for name in instr.calls if instr.opcode == "fusion" else ():
+      comp = self.module.computations.get(name)
+      for inner in comp.instructions if comp is not None else ():
+        if inner.metadata_op:
+          return inner.metadata_op
+    return None
+
+  def phase_of(self, instr: _hlo.Instruction | None) -> str:
+    return phase(self.scope_of(instr))
+
+  def _body(self, loop: _hlo.Instruction) -> _hlo.Computation | None:
+    name = next((c for a, c in loop.called if a == "body"), None)
+    return self.module.computations.get(name) if name else None
+
+  def origin(self, instr: _hlo.Instruction | None, index: tuple = ()):
+    """(instruction, index) where the value at `instr`'s `index` is made: through tuples,
+    bitcasts, copies, and loops whose body passes that element on unchanged."""
+    m = self.module
+    for _ in range(4 * DEPTH):
+      if instr is None:
+        return None, index
+      op = instr.opcode
+      nxt = None
+      if op == "get-tuple-element" and instr.index is not None:
+        nxt, index = m.find(instr.operands[0], instr.computation), (instr.index,) + index
+      elif op == "tuple" and index and index[0] < len(instr.operands):
+        nxt, index = m.find(instr.operands[index[0]], instr.computation), index[1:]
+      elif op in ("bitcast", "copy", "reshape", "copy-done", "copy-start") and instr.operands:
+        nxt = m.find(instr.operands[0], instr.computation)
+      elif op == "while" and index and self._passes_on(instr, index[0]):
+        nxt = m.find(instr.operands[0], instr.computation)
+      elif op == "parameter" and not m.computations[instr.computation].is_entry:
+        callers = m.callers.get(instr.computation, [])
+        if not callers or callers[0][0].opcode != "while":
+          return instr, index
+        caller = callers[0][0]
+        if index and not self._passes_on(caller, index[0]):
+          return caller, index  # a carry the loop updates: the loop's value
+        nxt = m.find(caller.operands[0], caller.computation)
+      if nxt is None:
+        return instr, index
+      instr = nxt
+    return instr, index
+
+  def loop_element(self, instr: _hlo.Instruction | None, index: tuple = ()):
+    """(loop, index) when `instr` is what a loop's body returns at that place of its carry
+    (the loop's value there), else (`instr`, `index`)."""
+    if instr is None or index:
+      return instr, index
+    for user, k in self.users(instr):
+      if user.opcode == "tuple" and user.is_root:
+        for caller, _ in self.module.callers.get(user.computation, []):
+          if caller.opcode == "while":
+            return caller, (k,)
+    return instr, index
+
+  def _passes_on(self, loop: _hlo.Instruction, k: int) -> bool:
+    """Whether `loop`'s body returns element `k` of its carry unchanged."""
+    body = self._body(loop)
+    root = body.root if body is not None else None
+    if root is None or root.opcode != "tuple" or k >= len(root.operands):
+      return False
+    element = body.get(root.operands[k])
+    while element is not None and element.opcode in ("bitcast", "copy"):
+      element = body.get(element.operands[0])
+    return (element is not None and element.opcode == "get-tuple-element"
+            and element.index == k and body.get(element.operands[0]) is not None
+            and body.get(element.operands[0]).opcode == "parameter")
+
+  def reader_phases(self, instr: _hlo.Instruction, index: tuple = ()) -> set[str]:
+    """The phases of the computing instructions that read the value (through the instructions
+    that move it); "output" when it is returned."""
+    found: set[str] = set()
+    todo, seen = [(instr, index, 0)], set()
+    while todo:
+      at, index, depth = todo.pop()
+      if (at.name, index) in seen or depth > 4 * DEPTH:
+        continue
+      seen.add((at.name, index))
+      comp = self.module.computations[at.computation]
+      if comp.is_entry and at.name in self.roots:
+        found.add("output")
+      for user, k in self.users(at):
+        if user.opcode == "get-tuple-element":
+          if not index or index[0] == user.index:
+            todo.append((user, index[1:], depth + 1))
+        elif user.opcode == "tuple" and user.is_root and not self.module.computations[
+            user.computation].is_entry:  # a loop's next carry, a call's result: its readers
+          todo += [(caller, (k,) + index, depth + 1) for caller, _ in
+                   self.module.callers.get(user.computation, [])
+                   if caller.opcode in ("while", "call")]
+        elif user.opcode == "tuple":
+          todo.append((user, (k,) + index, depth + 1))
+        elif user.opcode in _MOVES:
+          todo.append((user, index, depth + 1))
+        else:
+          found.add(self.phase_of(user))
+      if at.is_root and comp.is_entry is False:
+        for caller, _ in self.module.callers.get(at.computation, []):
+          if caller.opcode in ("call", "while", "conditional") and len(found) < 4:
+            todo.append((caller, index, depth + 1))
+    return found
+
+  def computed_from(self, k: int) -> dict[int, int]:
+    """Entry parameter -> the fewest computing instructions between it and output `k`."""
+    m = self.module
+    if k >= len(self.roots):
+      return {}
+    base, element = _hlo.tuple_element(self.roots[k])
+    start = m.find(base, m.entry.name)
+    out: dict[int, int] = {}
+    todo, seen = deque([(start, 0)]), set()
+    while todo:
+      instr, d = todo.popleft()
+      if instr is None or instr.name in seen or d > DEPTH:
+        continue
+      seen.add(instr.name)
+      if instr.parameter_number is not None and instr.computation == m.entry.name:
+        out.setdefault(instr.parameter_number, d)
+        continue
+      step = 0 if instr.opcode in _MOVES else 1
+      for name in instr.operands:
+        operand = m.find(_hlo.tuple_element(name)[0], instr.computation)
+        (todo.appendleft if step == 0 else todo.append)((operand, d + step))
+    return out
+
+  def depends_on_backward(self, k: int) -> bool:
+    """Whether output `k` is computed from a value of a backward pass (within `DEPTH`)."""
+    m = self.module
+    if k >= len(self.roots):
+      return False
+    todo, seen = [(m.find(_hlo.tuple_element(self.roots[k])[0], m.entry.name), 0)], set()
+    while todo:
+      instr, d = todo.pop()
+      if instr is None or instr.name in seen or d > DEPTH:
+        continue
+      seen.add(instr.name)
+      if self.phase_of(instr) == "backward" and instr.opcode not in _MOVES:
+        return True
+      todo += [(m.find(_hlo.tuple_element(n)[0], instr.computation), d + 1)
+               for n in instr.operands]
+    return False
