@@ -7,7 +7,8 @@ differentiated function carry `jvp(...)`, those of its backward pass `transpose(
 copies, a loop's carry that its body passes on unchanged) to where it was made (`Flow.origin`) and
 to the instructions that read it (`Flow.reader_phases`). `Flow.computed_from` is the dataflow
 distance from each entry parameter to an output: how many computing instructions lie between
-them (0: the output is the parameter itself), within `DEPTH`.
+them (0: the output is the parameter itself), within `DEPTH`, outside any backward pass (a
+gradient is computed from its input, it is not that input updated).
 
 >>> from donate import _hlo
 >>> m = _hlo.parse_module('''HloModule m
@@ -24,8 +25,8 @@ them (0: the output is the parameter itself), within `DEPTH`.
 >>> flow = Flow(m)
 >>> flow.phase_of(m.find("t")), sorted(flow.reader_phases(m.find("t"), ()))
 ('forward', ['backward'])
->>> flow.computed_from(0), flow.computed_from(1)
-({0: 1, 1: 2}, {1: 1, 0: 2})
+>>> flow.computed_from(0), flow.computed_from(1)  # b reaches u only through the backward pass
+({0: 1}, {1: 1, 0: 2})
 """
 
 from __future__ import annotations
@@ -187,6 +188,8 @@ class Flow:
         out.setdefault(instr.parameter_number, d)
         continue
       step = 0 if instr.opcode in _MOVES else 1
+      if step and self.phase_of(instr) == "backward":
+        continue  # a gradient is computed from its input, not the input updated
       for name in instr.operands:
         operand = m.find(_hlo.tuple_element(name)[0], instr.computation)
         (todo.appendleft if step == 0 else todo.append)((operand, d + step))

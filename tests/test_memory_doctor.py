@@ -1,0 +1,283 @@
+"""The memory doctor (issue 28): the peak in the user's terms (categories from the dataflow), by
+source line with layer counts, measured advice, the persistent compilation cache, the CLI."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import donate
+from donate._profile.categories import CATEGORIES
+
+THIS = os.path.basename(__file__)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _line(marker):
+  with open(__file__) as fh:
+    return next(k for k, text in enumerate(fh, 1) if marker in text and "_line(" not in text)
+
+
+def _categories(p):
+  return {e.path: e.category for e in p.at_peak if e.kind == "argument"}
+
+
+def _check_sums(p):
+  assert {e.category for e in p.at_peak} <= set(CATEGORIES)
+  rows = p.by_category()
+  assert sum(r.bytes for r in rows) == p.peak_bytes
+  assert [r.bytes for r in rows] == sorted((r.bytes for r in rows), reverse=True)
+  assert sum(r.count for r in rows) == len(p.at_peak)
+
+
+def mlp_step(params, x):
+  def loss(p):
+    h = jnp.tanh(x @ p["w1"])  # mlp: the residual
+    return jnp.mean((h @ p["w2"]) ** 2)
+  grads = jax.grad(loss)(params)
+  return jax.tree.map(lambda w, g: w - 0.1 * g, params, grads)
+
+
+def mlp_args(d=256):
+  return {"w1": jnp.ones((d, 2 * d)), "w2": jnp.ones((2 * d, d))}, jnp.ones((64, d))
+
+
+def test_an_mlp_step_parameters_inputs_and_activations():
+  p = donate.memory_profile(jax.jit(mlp_step, donate_argnums=0), *mlp_args())
+  _check_sums(p)
+  assert _categories(p) == {"params['w1']": "parameters", "params['w2']": "parameters",
+                            "x": "inputs"}
+  acts = [e for e in p.at_peak if e.category == "activations"]
+  assert acts and acts[0].source.endswith(f"{THIS}:{_line('mlp: the residual')}")
+
+
+def momentum_step(params, mu, x):
+  def loss(p):
+    h = jax.nn.gelu(x @ p["wi"])                       # transformer: ff residual
+    att = jax.nn.softmax(h @ h.T / 8.0, axis=-1) @ h
+    return jnp.mean((att @ p["wo"]) ** 2)
+  grads = jax.grad(loss)(params)
+  mu = jax.tree.map(lambda m, g: 0.9 * m + g, mu, grads)
+  params = jax.tree.map(lambda w, m: w - 0.01 * m, params, mu)
+  return params, mu
+
+
+def test_a_transformer_step_tells_parameters_optimizer_state_and_activations_apart():
+  d, s = 256, 256
+  params = {"wi": jnp.full((d, 4 * d), 0.01), "wo": jnp.full((4 * d, d), 0.01)}
+  mu = jax.tree.map(jnp.zeros_like, params)
+  args = (params, mu, jnp.ones((s, d)))
+  p = donate.memory_profile(jax.jit(momentum_step, donate_argnums=(0, 1)), *args)
+  _check_sums(p)
+  assert _categories(p) == {"params['wi']": "parameters", "params['wo']": "parameters",
+                            "mu['wi']": "optimizer state", "mu['wo']": "optimizer state",
+                            "x": "inputs"}
+  found = {e.category for e in p.at_peak}
+  assert "activations" in found
+  assert found & {"gradients", "activations"}
+  # without the donations: each input pairs with the output computed from it, not mu's output
+  plain = donate.memory_profile(jax.jit(momentum_step), *args)
+  assert {(s.path, s.output) for s in plain.could_donate} == {
+      ("params['wi']", "out[0]['wi']"), ("params['wo']", "out[0]['wo']"),
+      ("mu['wi']", "out[1]['wi']"), ("mu['wo']", "out[1]['wo']")}
+
+
+def scan_step(stack, x):
+  def loss(ws):
+    def layer(h, w):
+      return jnp.tanh(h @ w), None  # scan: one layer's residual
+    return jnp.sum(lax.scan(layer, x, ws)[0])
+  return stack - 0.1 * jax.grad(loss)(stack)
+
+
+def test_a_scan_over_layers_counts_one_layer_s_residual_times_the_trip_count():
+  layers, d, b = 6, 128, 32
+  p = donate.memory_profile(jax.jit(scan_step, donate_argnums=0),
+                            jnp.full((layers, d, d), 0.01), jnp.ones((b, d)))
+  _check_sums(p)
+  assert _categories(p)["stack"] == "parameters"
+  where = f"{THIS}:{_line('scan: one layer')}"
+  rows = [r for r in p.by_line() if r.source.endswith(where)]
+  assert rows and rows[0].category == "activations"
+  stacked = [e for e in p.at_peak if e.source and e.source.endswith(where)
+             and e.category == "activations" and e.repeat == layers]
+  assert stacked and all(e.bytes == layers * b * d * 4 for e in stacked)
+  assert rows[0].count >= layers and rows[0].bytes // rows[0].count == b * d * 4
+  assert str(rows[0]).startswith(f"{rows[0].count} x 16.0 KiB, layer() at {where}")
+  assert f"x 16.0 KiB, layer() at {where}" in str(p)
+
+
+def decode_loop(cache, w, x):
+  def one(i, carry):
+    cache, h = carry
+    h = jnp.tanh(h @ w)
+    return lax.dynamic_update_slice(cache, h[None], (i, 0, 0)), h
+  return lax.fori_loop(0, cache.shape[0], one, (cache, x))
+
+
+def test_a_kv_cache_decode_loop_is_state():
+  args = (jnp.zeros((16, 8, 256)), jnp.full((256, 256), 0.01), jnp.ones((8, 256)))
+  p = donate.memory_profile(jax.jit(decode_loop, donate_argnums=0), *args)
+  _check_sums(p)
+  assert _categories(p)["cache"] == "state" and _categories(p)["w"] == "inputs"
+  assert "activations" not in {e.category for e in p.at_peak}
+  plain = donate.memory_profile(jax.jit(decode_loop), *args)
+  assert ("cache", "out[0]") in {(s.path, s.output) for s in plain.could_donate}
+
+
+def test_a_data_and_tensor_parallel_step_on_8_cpu_devices():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
+
+  def body(w, x):
+    g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+    return w - 0.1 * lax.psum(g, "dp")
+  step = jax.shard_map(body, mesh=mesh, in_specs=(P(None, "tp"), P("dp", None)),
+                       out_specs=P(None, "tp"), check_vma=False)
+  w = jax.device_put(jnp.ones((256, 256)), NamedSharding(mesh, P(None, "tp")))
+  x = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("dp", None)))
+  p = donate.memory_profile(jax.jit(step, donate_argnums=0), w, x)
+  _check_sums(p)
+  assert _categories(p) == {"w": "parameters", "x": "inputs"}
+  w_entry = next(e for e in p.at_peak if e.path == "w")
+  assert w_entry.bytes == 256 * 256 * 4 // 4
+
+
+def _planted(extra):
+  def step(params, x):
+    def loss(p):
+      h = jnp.tanh(x @ p["w1"])
+      if extra:
+        h = h * jax.nn.sigmoid(h @ p["w3"])  # planted: an extra residual
+      return jnp.mean((h @ p["w2"]) ** 2)
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda w, g: w - 0.1 * g, params, grads)
+  return step
+
+
+def test_compare_finds_a_planted_residual_in_the_activations():
+  d = 512
+  params = {"w1": jnp.full((d, d), 0.01), "w2": jnp.full((d, d), 0.01),
+            "w3": jnp.full((d, d), 0.01)}
+  x = jnp.ones((1024, d))
+  before = donate.memory_profile(jax.jit(_planted(False), donate_argnums=0), params, x)
+  after = donate.memory_profile(jax.jit(_planted(True), donate_argnums=0), params, x)
+  planted = f"{THIS}:{_line('planted: an extra')}"
+  grown = [c for c in before.compare(after).grew() if c.key.endswith(planted)]
+  assert grown and grown[0].delta >= x.nbytes, str(before.compare(after))
+  rows = [r for r in after.by_line() if r.source.endswith(planted)]
+  assert rows and rows[0].category == "activations", str(after)
+  acts = lambda p: sum(r.bytes for r in p.by_category() if r.key == "activations")
+  assert acts(after) - acts(before) >= x.nbytes
+
+
+def test_printing_compiles_nothing_until_measure():
+  p = donate.memory_profile(jax.jit(mlp_step, donate_argnums=0), *mlp_args())
+  text, page = str(p), p._repr_html_()
+  assert "not measured yet: profile.measure()" in text and "not measured yet" in page
+  assert not p.saving_measured
+  assert "by category:" in text and "treemap" not in text and "activations" in page
+  assert p.measure() is p and p.saving_measured
+  assert "donation saved" in str(p) and "not measured yet" not in str(p)
+
+
+def test_each_advice_figure_is_a_compile():
+  p = donate.memory_profile(jax.jit(mlp_step), *mlp_args())
+  items = p.advice()
+  donation = next(a for a in items if a.how == "donate_argnums=0")
+  direct = donate.memory_profile(jax.jit(mlp_step, donate_argnums=0), *mlp_args())
+  assert donation.peak_bytes == direct.peak_bytes
+  assert donation.saving_bytes == p.peak_bytes - direct.peak_bytes > 0
+  option = next(a for a in items if "xla_cpu_enable_concurrency_optimized_scheduler" in a.how)
+  compiled = jax.jit(mlp_step).lower(*mlp_args()).compile(
+      compiler_options={"xla_cpu_enable_concurrency_optimized_scheduler": False})
+  assert option.peak_bytes == donate.memory_profile(compiled).peak_bytes
+  assert option.saving_bytes == p.peak_bytes - option.peak_bytes
+  assert all(a.peak_bytes is not None for a in items if "checkpoint" not in a.how)
+
+
+def test_checkpoint_advice_states_the_lines_of_the_residuals():
+  p = donate.memory_profile(jax.jit(scan_step, donate_argnums=0),
+                            jnp.full((6, 128, 128), 0.01), jnp.ones((256, 128)))
+  stated = [a for a in p.advice(candidates=["checkpoint"]) if a.peak_bytes is None]
+  acts = {r.source: r.bytes for r in p.by_line() if r.category == "activations"}
+  assert stated and all("jax.checkpoint" in a.how for a in stated)
+  assert all(a.saving_bytes == acts[a.how.split(" at ")[1].split(" ")[0]] for a in stated)
+
+
+def test_advice_of_a_compiled_alone_names_what_to_pass():
+  compiled = jax.jit(mlp_step).lower(*mlp_args()).compile()
+  with pytest.raises(donate.DonationError, match=r"advice\(\).*Fix: donate.memory_profile"):
+    donate.memory_profile(compiled).advice()
+
+
+CACHED = textwrap.dedent("""
+  import sys, jax, jax.numpy as jnp, donate
+  jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  def step(w, x):
+    return w - 0.1 * jnp.tanh(x @ w)
+  w, x = jnp.ones((256, 256)), jnp.ones((256, 256))
+  peaks = [donate.memory_profile(jax.jit(step, donate_argnums=0), w, x).peak_bytes
+           for _ in range(2)]
+  from donate import targets
+  if targets.available():
+    mesh = targets.gpu_mesh("h100", 8)
+    s = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    a = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=s)
+    peaks += [donate.memory_profile(jax.jit(step, donate_argnums=0), a, a).peak_bytes
+              for _ in range(2)]
+  print(peaks)
+""")
+
+
+def test_a_persistent_compilation_cache(tmp_path):
+  """The second profile of each program comes from the cache (a separate process: JAX sets its
+  cache up once per process)."""
+  out = subprocess.run([sys.executable, "-c", CACHED, str(tmp_path)], capture_output=True,
+                       text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  peaks = eval(out.stdout.strip().splitlines()[-1])
+  assert peaks[0] == peaks[1] and all(p == peaks[k & ~1] for k, p in enumerate(peaks))
+  assert any(name.startswith("jit_step") for name in os.listdir(tmp_path))
+
+
+SCRIPT = textwrap.dedent("""
+  import sys, jax, jax.numpy as jnp
+  def step(params, x):
+    g = jax.grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"]) ** 2))(params)
+    return jax.tree.map(lambda w, g: w - 0.1 * g, params, g)
+  params = jax.jit(step, donate_argnums=0)({"w": jnp.ones((256, 512))}, jnp.ones((64, 256)))
+  print("script output", sys.argv[1:])
+  if "--fail" in sys.argv:
+    raise ValueError("the script's own error")
+  sys.exit(3)
+""")
+
+
+def test_the_cli_keeps_the_script_s_output_and_status(tmp_path):
+  script = tmp_path / "train.py"
+  script.write_text(SCRIPT)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  run = lambda *a: subprocess.run([sys.executable, "-m", "donate.profile", *a], cwd=tmp_path,
+                                  capture_output=True, text=True, env=env, timeout=600)
+  ok = run("--out", "pages", "train.py", "a", "b")
+  assert ok.returncode == 3, ok.stderr[-3000:]
+  assert ok.stdout.strip() == "script output ['a', 'b']"
+  assert "program" in ok.stderr and "step" in ok.stderr and "parameters" in ok.stderr
+  pages = os.listdir(tmp_path / "pages")
+  assert any(p.endswith("_step.html") for p in pages)
+  page = next(p for p in pages if p.endswith("_step.html"))
+  assert "parameters" in (tmp_path / "pages" / page).read_text()
+  bad = run("train.py", "--fail")
+  assert bad.returncode == 1 and "script output" in bad.stdout
+  assert 'File "train.py", line 9' in bad.stderr and "ValueError: the script's own error" in \
+      bad.stderr and "runpy" not in bad.stderr
