@@ -3,10 +3,11 @@ beside it at the peak (the pattern of openxla/xla #45912), or a peak that is not
 without the donations.
 
 XLA made the alias, so the output costs no buffer of its own; but the peak can still hold a
-temporary the donated buffer could have held instead: either the buffer is idle at the peak (the
-argument was last read before it and the output is written after it), or the output that reuses
-the buffer is computed from that temporary (`y + s` from `y = exp(x)`; `w - lr * g` from the
-gradient `g`), so the donated buffer and the temporary are live together (`shadows`). That is
+temporary the donated buffer could have held instead: the output that reuses the buffer is
+computed from that temporary (`y + s` from `y = exp(x)`; `w - lr * g` from the gradient `g`), so
+the donated buffer (idle at the peak, or still read) and the temporary are live together
+(`shadows`). Only the dataflow names the temporary: one that merely has the buffer's size is
+never blamed. That is
 read from the one profile; what the donation saved is measured by compiling the program again
 without it (`baseline`, `MemoryProfile.donation_saved_bytes`). For the #45912 pattern on jaxlib
 0.10 the donation does lower the peak (48 to 32 MiB for 16 MiB donated) but leaves it at twice
@@ -82,7 +83,8 @@ def about_the_same(a: int, b: int) -> bool:
 def shadows(dump: reading.Dump, module: _hlo.Module, params, live, peak: int,
             peak_bytes: int) -> tuple[Shadow, ...]:
   """The aliased arguments with a temporary of about their size live beside them at the peak
-  that their buffer could have held, each temporary named once, largest buffers first.
+  from which their output is computed (the dataflow: a temporary that merely has their size is
+  never named), each temporary named once, largest buffers first.
 
   `params` are the argument entries; `live` pairs each temporary entry at the peak with its
   `reading.Buffer` (whose values may feed the output under other names: a loop's carry).
@@ -97,12 +99,13 @@ def shadows(dump: reading.Dump, module: _hlo.Module, params, live, peak: int,
       continue
     written = [v[0] for v in a.values if 2 * v[1] >= a.size]  # full-size values in the buffer
     idle = not any(_live_at(dump, name, peak) for name in written)
-    feeds = _operands(module, [n for n in written if n != entry.value
-                               and naming.instruction_name(n) != entry.value])
+    mine = [n for n in written if n != entry.value and naming.instruction_name(n) != entry.value]
+    final = [n for n in mine if (reading.live_range(dump, n) or (0, 0))[1] >= len(dump.sequence)]
+    feeds = _operands(module, final or mine)  # what the output (live to the end) is made from
     for t, names in candidates:
       if id(t) in used or not about_the_same(t.bytes, entry.bytes):
         continue
-      if idle or names & feeds:
+      if names & feeds:  # the output is computed from it: the dataflow, not a size alone
         used.add(id(t))
         found.append(Shadow(entry.path or entry.value, entry.output, entry.bytes, t, peak_bytes,
                             idle))
