@@ -79,10 +79,8 @@ def build_cost(jitted, inputs):
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--devices", type=int, default=32)
-  parser.add_argument("--layers", type=int, default=32)
-  parser.add_argument("--batch", type=int, default=1)
-  parser.add_argument("--seq", type=int, default=2048)
+  for flag, default in (("devices", 32), ("layers", 32), ("batch", 1), ("seq", 2048)):
+    parser.add_argument(f"--{flag}", type=int, default=default)
   args = parser.parse_args(argv)
   print(f"jax {jax.__version__}, one run each")
   print("| program | compile s | build profile s | build / compile | peak | top categories "
