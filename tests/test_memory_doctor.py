@@ -301,3 +301,14 @@ def test_a_temporary_of_the_donated_size_is_not_blamed_without_dataflow():
   same = [e for e in p.at_peak if e.kind == "temporary" and e.bytes == w.nbytes]
   assert same and same[0].source.endswith(f"{THIS}:{_line('unrelated: a temporary')}")
   assert p.alias_bytes == w.nbytes and p.shadowed == ()
+
+
+def test_advice_of_a_donate_jit_compiled_is_measured():
+  compiled = donate.jit(mlp_step, donate_argnums=0).lower(*mlp_args()).compile()
+  p = compiled.memory_profile()
+  [option] = p.advice()[:1]
+  direct = jax.jit(mlp_step, donate_argnums=0).lower(*mlp_args()).compile(
+      compiler_options={"xla_cpu_enable_concurrency_optimized_scheduler": False})
+  assert option.peak_bytes == donate.memory_profile(direct).peak_bytes
+  assert {e.path: e.category for e in p.at_peak if e.kind == "argument"}["params['w1']"] == \
+      "parameters"

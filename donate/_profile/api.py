@@ -105,10 +105,13 @@ the function with its arguments)
   return dataclasses.replace(profile, program=_program(lowered, profile.platform))
 
 
-def _program(lowered, platform: str, traced=None) -> _advice.Program:
-  """How `advice()` compiles the profiled program again (with more donations: from `traced`)."""
-  def compile_with(options: dict) -> int:
-    return _peak(lowered, options, platform)
+def _program(lowered, platform: str, traced=None, options=None) -> _advice.Program:
+  """How `advice()` compiles the profiled program again (with more donations: from `traced`),
+  with its own compiler `options` (XLA's dump options left out) and the candidate's."""
+  given = {k: v for k, v in (options or {}).items() if not k.startswith("xla_dump")}
+
+  def compile_with(extra: dict) -> int:
+    return _peak(lowered, {**given, **extra}, platform)
 
   def donating(argnums: tuple[int, ...]) -> int:
     args = traced.args_info[0]
@@ -169,11 +172,16 @@ def profile_of_compiled(compiled, signature=None, lowered=None, compiler_options
     dump, missing = None, (f"this one has no live ranges and asynchronous instructions ({e}), "
                            "whose live ranges cannot be recomputed from the program alone")
   if dump is None and lowered is not None:
-    return profile_of_lowered(lowered, compiler_options, signature, baseline)
-  if dump is None:
+    profile = profile_of_lowered(lowered, compiler_options, signature, baseline)
+  elif dump is None:
     errors.no_buffer_assignment(compiled, missing)
-  profile = _named(compiled, dump, _hlo.parse_module(compiled.as_text()), signature)
-  return measured(profile, baseline, compiler_options)
+  else:
+    profile = measured(_named(compiled, dump, _hlo.parse_module(compiled.as_text()), signature),
+                       baseline, compiler_options)
+  if lowered is None:
+    return profile
+  return dataclasses.replace(profile, program=_program(lowered, profile.platform,
+                                                       options=compiler_options))
 
 
 def profile_of_lowered(lowered, compiler_options=None, signature=None, baseline=None):
@@ -205,7 +213,9 @@ def profile_of_signature(prep, lowered, plan, compiler_options=None, call=None,
   compiled, dump, module = _assignment(compiled, lowered, compiler_options)
   profile = _profile(compiled, dump, module, signature_of(prep.fn), prep.fn.name,
                      _donate_names(plan, prep))
-  return measured(profile, _baseline.of_signature(prep, call), compiler_options)
+  profile = measured(profile, _baseline.of_signature(prep, call), compiler_options)
+  return dataclasses.replace(profile, program=_program(lowered, profile.platform,
+                                                       options=compiler_options))
 
 
 def measured(profile: MemoryProfile, baseline, compiler_options=None) -> MemoryProfile:

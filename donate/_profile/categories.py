@@ -16,6 +16,19 @@ The vocabulary (`CATEGORIES`):
 
 Nothing is attributed by size or by a variable's name: the pass is JAX's name stack
 (`transpose(jvp(...))`), the rest is which instruction reads which.
+
+>>> import jax, jax.numpy as jnp, donate
+>>> def sgd(w, x):
+...   g = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+...   return w - 0.1 * g
+>>> p = donate.memory_profile(jax.jit(sgd, donate_argnums=0), jnp.ones((512, 512)),
+...                           jnp.ones((16, 512)))
+>>> {e.path: e.category for e in p.at_peak if e.kind == "argument"}
+{'w': 'parameters', 'x': 'inputs'}
+>>> "gradients" in {g.key for g in p.by_category()}
+True
+>>> sum(g.bytes for g in p.by_category()) == p.peak_bytes
+True
 """
 
 from __future__ import annotations
