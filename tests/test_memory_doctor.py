@@ -312,3 +312,39 @@ def test_advice_of_a_donate_jit_compiled_is_measured():
   assert option.peak_bytes == donate.memory_profile(direct).peak_bytes
   assert {e.path: e.category for e in p.at_peak if e.kind == "argument"}["params['w1']"] == \
       "parameters"
+
+
+def test_a_flax_nnx_step_with_optax_adam():
+  """Adam's mu and nu are optimizer state, every kernel and bias (the last layer's bias too,
+  which XLA fuses into a backward kernel) parameters, the count state; each input is paired with
+  the output computed from it."""
+  nnx = pytest.importorskip("flax.nnx")
+  optax = pytest.importorskip("optax")
+
+  class MLP(nnx.Module):
+    def __init__(self, rngs):
+      self.l1, self.l2 = nnx.Linear(256, 1024, rngs=rngs), nnx.Linear(1024, 256, rngs=rngs)
+
+    def __call__(self, x):
+      return self.l2(jax.nn.gelu(self.l1(x)))
+
+  graphdef, params = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
+  tx = optax.adam(1e-3)
+
+  def step(params, opt, x):
+    grads = jax.grad(lambda p: jnp.mean(nnx.merge(graphdef, p)(x) ** 2))(params)
+    updates, opt = tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt
+
+  args = (params, tx.init(params), jnp.ones((512, 256)))
+  p = donate.memory_profile(jax.jit(step, donate_argnums=(0, 1)), *args)
+  _check_sums(p)
+  found = _categories(p)
+  assert all(c == "parameters" for k, c in found.items() if k.startswith("params")), found
+  assert all(c == "optimizer state" for k, c in found.items() if ".mu[" in k or ".nu[" in k)
+  assert found["opt[0].count"] == "state" and found["x"] == "inputs"
+  assert "activations" in {e.category for e in p.at_peak}
+  plain = donate.memory_profile(jax.jit(step), *args)
+  pairs = {(s.path, s.output) for s in plain.could_donate}
+  assert ("params['l1']['kernel'].value", "out[0]['l1']['kernel'].value") in pairs
+  assert ("opt[0].mu['l1']['kernel'].value", "out[1][0].mu['l1']['kernel'].value") in pairs

@@ -162,12 +162,31 @@ class Flow:
           todo.append((user, (k,) + index, depth + 1))
         elif user.opcode in _MOVES:
           todo.append((user, index, depth + 1))
+        elif user.opcode == "fusion":
+          found |= self._fused_phases(user, k) | {self.phase_of(user)}
         else:
           found.add(self.phase_of(user))
       if at.is_root and comp.is_entry is False:
         for caller, _ in self.module.callers.get(at.computation, []):
           if caller.opcode in ("call", "while", "conditional") and len(found) < 4:
             todo.append((caller, index, depth + 1))
+    return found
+
+  def _fused_phases(self, fusion: _hlo.Instruction, k: int) -> set[str]:
+    """The phases of the instructions of `fusion`'s kernel that read its operand `k` (XLA fuses
+    a forward instruction into a backward kernel: each keeps its own name stack)."""
+    found: set[str] = set()
+    for name in fusion.calls:
+      comp = self.module.computations.get(name)
+      param = comp.parameter(k) if comp is not None else None
+      todo = [param] if param is not None else []
+      while todo:
+        at = todo.pop()
+        for user, _ in self.users(at):
+          if user.opcode in _MOVES and len(found) < 4:
+            todo.append(user)
+          elif user.metadata_op:
+            found.add(phase(user.metadata_op))
     return found
 
   def computed_from(self, k: int) -> dict[int, int]:
