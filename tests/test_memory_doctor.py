@@ -184,6 +184,8 @@ def test_printing_compiles_nothing_until_measure():
   assert "not measured yet: profile.measure()" in text and "not measured yet" in page
   assert not p.saving_measured
   assert "by category:" in text and "treemap" not in text and "activations" in page
+  assert "by category:</p>" in page and "<svg" in page  # the treemap, XLA's packing
+  assert len(p.layout) >= sum(e.kind == "temporary" for e in p.at_peak)
   assert p.measure() is p and p.saving_measured
   assert "donation saved" in str(p) and "not measured yet" not in str(p)
 

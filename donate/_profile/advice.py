@@ -1,4 +1,4 @@
-"""What would lower a profile's peak, measured: the same program compiled with each candidate change.
+"""What would lower a profile's peak, measured: the program compiled with each candidate change.
 
 `advise(profile)` compiles the profiled program once per candidate and reads each compile's peak
 as the profile's own is read (`api.peak_of`):

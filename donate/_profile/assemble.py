@@ -70,7 +70,19 @@ def assemble(dump: reading.Dump, module: _hlo.Module, stats, *, function: str = 
   shadowed = shadow.shadows(dump, module, params, list(zip(live, at)), peak, timeline[peak].total)
   return MemoryProfile(function, platform, sums["argument"], sums["output"], sums["alias"],
                        sums["temp"], None if xla_peak is None else int(xla_peak), timeline,
-                       peak, tuple(at_peak), tuple(advice), shadowed, timeline.constants)
+                       peak, tuple(at_peak), tuple(advice), shadowed, timeline.constants,
+                       layout=_layout(dump, buffers))
+
+
+def _layout(dump, buffers) -> tuple:
+  """Each temp buffer as (low, high, start, end, value): its bytes in the program's temp block
+  (the device's temp allocations one after the other) and its schedule steps."""
+  base, at = {}, 0
+  for a in sorted(dump.allocations, key=lambda a: a.index):
+    if reading.is_temp(a) and reading.on_device(a):
+      base[a.index], at = at, at + a.size
+  return tuple((base[b.allocation] + b.low, base[b.allocation] + b.high, b.start, b.end,
+                b.values[0][0]) for b in buffers if b.allocation in base)
 
 
 def _categorized(flow, module, pairing, params, outs, constants, live):

@@ -88,6 +88,7 @@ class MemoryProfile:
   constant_bytes: int = 0
   saving: "Saving | None" = dataclasses.field(default=None, compare=False)  # measured on demand
   program: object = dataclasses.field(default=None, compare=False)  # `advice.Program` or None
+  layout: tuple = dataclasses.field(default=(), compare=False)  # `treemap.packing`'s buffers
 
   @property
   def peak_without_donation_bytes(self) -> int | None:

@@ -1,5 +1,7 @@
 """The peak as an HTML treemap: one column per category (its width its share of the peak), each
-column's buffers stacked by size (their height their share of the column), plain HTML and CSS.
+column's buffers stacked by size (their height their share of the column), plain HTML and CSS;
+and XLA's packing of the temporaries (`packing`): each buffer at its offset over the steps it is
+live, an SVG, so the gaps XLA's packing leaves show.
 
 >>> from donate._profile.model import Entry
 >>> e = Entry(3 << 20, "temporary", "t", "f32[3]", "m.py:3", None, None, (0, 1),
@@ -63,3 +65,24 @@ def treemap(p, width: int = 960, height: int = 320) -> str:
   return (f"<div><p>The peak ({esc(format_bytes(p.peak_bytes))}) by category:</p>"
           f"<div style='position:relative;width:{width}px;height:{height}px'>{''.join(parts)}"
           f"</div><p>{legend}</p></div>")
+
+
+def packing(p, width: int = 960, height: int = 240, most: int = 400) -> str:
+  """An SVG of `p.layout`: x the schedule, y the offset in the temp block; the peak marked."""
+  esc = _html.escape
+  layout = sorted(p.layout, key=lambda b: b[0] - b[1])[:most]
+  steps = max(len(p.timeline), 1)
+  top = max((b[1] for b in layout), default=0) or 1
+  rects = "".join(
+      f"<rect x='{width * s / steps:.1f}' y='{height * (1 - hi / top):.1f}' "
+      f"width='{max(width * (e - s) / steps, 0.5):.1f}' "
+      f"height='{max(height * (hi - lo) / top, 0.5):.1f}' "
+      f"fill='#9c755f' fill-opacity='0.6' stroke='#fff' stroke-width='0.3'><title>"
+      f"{esc(v)}: {esc(format_bytes(hi - lo))} at offset {lo}, steps {s}-{e}</title></rect>"
+      for lo, hi, s, e, v in layout)
+  x = width * (p.peak_step + 0.5) / steps
+  return (f"<div><p>XLA's packing of the temporaries ({esc(format_bytes(p.temp_bytes))} block; "
+          f"x: schedule step, y: offset; the dashed line is the peak):</p>"
+          f"<svg width='{width}' height='{height}' style='background:#f4f4f4'>{rects}"
+          f"<line x1='{x:.1f}' x2='{x:.1f}' y1='0' y2='{height}' stroke='#000' "
+          "stroke-dasharray='4 3'/></svg></div>")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html as _html
 
+from donate._profile.treemap import packing
 from donate._profile.treemap import treemap
 from donate._text import format_bytes
 
@@ -185,6 +186,7 @@ def html(p) -> str:
           + (f"<p>Could donate:</p><ul>{advice}</ul>" if advice else "")
           + (f"<p>Donations that left the peak high:</p><ul>{shadowed}</ul>" if shadowed
              else "")
+          + (packing(p) if p.layout else "")
           + f"<p>XLA's figures:</p><ul>{explained}</ul></div>")
 
 
