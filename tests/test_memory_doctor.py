@@ -350,3 +350,19 @@ def test_a_flax_nnx_step_with_optax_adam():
   pairs = {(s.path, s.output) for s in plain.could_donate}
   assert ("params['l1']['kernel'].value", "out[0]['l1']['kernel'].value") in pairs
   assert ("opt[0].mu['l1']['kernel'].value", "out[1][0].mu['l1']['kernel'].value") in pairs
+
+
+def test_the_cli_runs_a_module(tmp_path):
+  package = tmp_path / "pkg"
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  (package / "train.py").write_text(SCRIPT)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+  out = subprocess.run([sys.executable, "-m", "donate.profile", "--out", "pages", "-m",
+                        "pkg.train", "x"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                       timeout=600)
+  assert out.returncode == 3 and out.stdout.strip() == "script output ['x']", out.stderr[-3000:]
+  assert any(p.endswith("_step.html") for p in os.listdir(tmp_path / "pages"))
+  usage = subprocess.run([sys.executable, "-m", "donate.profile"], capture_output=True,
+                         text=True, env=env, timeout=600)
+  assert usage.returncode == 2 and "usage: python -m donate.profile" in usage.stderr
