@@ -75,6 +75,15 @@ class Binding:
     leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
     return Call(leaves, treedef, (treedef, static), positions, tuple(sorted(dyn_kwargs)))
 
+  def dynamic(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call's dynamic arguments, static ones left out (as a `jax.stages.Compiled` takes them)."""
+    if not self.has_static:
+      return args, kwargs
+    n = len(args)
+    static_pos = {i + n if i < 0 else i for i in self.static_nums}
+    return (tuple(a for i, a in enumerate(args) if i not in static_pos),
+            {k: v for k, v in kwargs.items() if k not in self.static_names})
+
   def bind_dynamic(self, args: tuple, kwargs: dict) -> Call:
     """A call of a compiled computation: every argument is dynamic (static ones are not passed)."""
     leaves, treedef = tree_util.tree_flatten((args, kwargs))
@@ -84,32 +93,43 @@ class Binding:
     return self.param_names[position] if position < len(self.param_names) else f"args[{position}]"
 
   def paths(self, call: Call) -> list[str]:
-    """Each leaf's path: the parameter name, then the key path inside it (`params['w']`)."""
-    args, kwargs = tree_util.tree_unflatten(call.treedef, list(range(len(call.leaves))))
+    """Each leaf's path: the parameter name, then the key path inside it (`params['w']`).
+
+    Each argument is rebuilt from the call's own leaves (never stand-ins: a pytree class may
+    check its children when it is built, as JAX rebuilds it from tracers)."""
     paths: list[str] = [""] * len(call.leaves)
-    for k, arg in enumerate(args):
-      name = self.arg_name(call.positions[k])
-      for kp, idx in tree_util.tree_flatten_with_path(arg)[0]:
-        paths[idx] = name + "".join(map(str, kp))  # tree_util.keystr(kp), without its overhead
-    for name, arg in kwargs.items():
-      for kp, idx in tree_util.tree_flatten_with_path(arg)[0]:
-        paths[idx] = name + "".join(map(str, kp))
+    for name, start, stop, subtree in self._arguments(call):
+      name = self.arg_name(name) if isinstance(name, int) else name
+      arg = tree_util.tree_unflatten(subtree, call.leaves[start:stop])
+      for k, (kp, _) in enumerate(tree_util.tree_flatten_with_path(arg)[0]):
+        paths[start + k] = name + "".join(map(str, kp))  # tree_util.keystr, without its overhead
     return paths
 
   def donated_leaves(self, call: Call) -> dict[int, str]:
     """Leaf index -> "donate_argnums"/"donate_argnames" for the leaves `jax.jit` donates."""
-    args, kwargs = tree_util.tree_unflatten(call.treedef, list(range(len(call.leaves))))
     out = {}
-    for k, arg in enumerate(args):
-      position = call.positions[k]
-      if position in self.donate_nums:
-        for idx in tree_util.tree_leaves(arg):
-          out[idx] = "donate_argnums"
-    for name, arg in kwargs.items():
-      if name in self.donate_names:
-        for idx in tree_util.tree_leaves(arg):
-          out[idx] = "donate_argnames"
+    for name, start, stop, _ in self._arguments(call, donated=True):
+      source = "donate_argnums" if isinstance(name, int) else "donate_argnames"
+      out.update(dict.fromkeys(range(start, stop), source))
     return out
+
+  def _arguments(self, call: Call, donated: bool = False):
+    """`(position or name, first leaf, end, treedef)` of each dynamic argument, read from the
+    call's treedef alone (positional arguments, then keyword arguments by name); `donated`: only
+    those `jax.jit` donates."""
+    args_def, kwargs_def = call.treedef.children()
+    start = 0
+    for k, subtree in enumerate(args_def.children()):
+      position = call.positions[k]
+      stop = start + subtree.num_leaves
+      if not donated or position in self.donate_nums:
+        yield position, start, stop, subtree
+      start = stop
+    for name, subtree in zip(kwargs_def.node_data()[1], kwargs_def.children()):
+      stop = start + subtree.num_leaves
+      if not donated or name in self.donate_names:
+        yield name, start, stop, subtree
+      start = stop
 
   def rebuild(self, call: Call, args: tuple, kwargs: dict, leaves: list) -> tuple[tuple, dict]:
     """The call's (args, kwargs) with the dynamic leaves replaced, static arguments kept."""

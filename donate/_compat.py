@@ -197,14 +197,16 @@ _ALIAS, _DONOR = "tf.aliasing_output", "jax.buffer_donor"
 
 
 def lowered_with_aliases(jax_lowered, n_traced: int, managed: set[int],
-                         aliases: dict[int, int], donors: set[int]):
+                         aliases: dict[int, int], donors: set[int], pinned: set[int] = frozenset()):
   """A copy of a `jax.stages.Lowered` in which each argument leaf of `managed` is aliased to
   user output `aliases[i]`, or offered as a buffer donor when in `donors`, or neither.
 
   `n_traced` traced constants precede the argument leaves in the lowering's kept inputs, which
-  end `main`'s arguments (dimension variables, effect tokens and constants come first); effect
-  tokens come first among its results. Returns the lowered itself when its module already says
-  exactly that.
+  end `main`'s arguments but for the refs the function closes over (dimension variables, effect
+  tokens and constants come first); effect tokens come first among its results. An output aliased to a leaf of `pinned` whose sharding the
+  module leaves to propagation gets the leaf's sharding attribute (an alias needs both sides
+  sharded alike; `jax.jit` states it by `out_shardings`). Returns the lowered itself when its
+  module already says exactly that.
   """
   lowering = jax_lowered._lowering
   kept = sorted(lowering.compile_args["kept_var_idx"])
@@ -213,34 +215,52 @@ def lowered_with_aliases(jax_lowered, n_traced: int, managed: set[int],
   with context, ir.Location.unknown(context):
     module = ir.Module.parse(_mlir.module_to_bytecode(lowering.stablehlo()))
     main = ir.SymbolTable(module.operation)["main"]
-    n_args = len(main.arguments)
+    n_args = len(main.arguments) - lowered_closed_over_refs(jax_lowered)
     if n_args < len(kept) or "arg_attrs" not in main.attributes:
       return jax_lowered
     tokens = 0
     while tokens < len(main.type.results) and "token" in str(main.type.results[tokens]):
       tokens += 1
-    old = [{a.name: a.attr for a in ir.DictAttr(d)} for d in ir.ArrayAttr(
+    args = [{a.name: a.attr for a in ir.DictAttr(d)} for d in ir.ArrayAttr(
         main.attributes["arg_attrs"])]
-    new = [dict(d) for d in old]
+    results = None
+    changed = False
     for k, i in enumerate(kept):
-      attrs, leaf = new[n_args - len(kept) + k], i - n_traced
+      attrs, leaf = args[n_args - len(kept) + k], i - n_traced
       if leaf not in managed or "jax.global_constant" in attrs:
         continue
-      attrs.pop(_ALIAS, None)
-      attrs.pop(_DONOR, None)
-      if leaf in aliases:
-        attrs[_ALIAS] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), tokens + aliases[leaf])
-      elif leaf in donors:
-        attrs[_DONOR] = ir.BoolAttr.get(True)
-    if [{k: str(v) for k, v in d.items()} for d in new] == [
-        {k: str(v) for k, v in d.items()} for d in old]:
+      want = (tokens + aliases[leaf] if leaf in aliases else None, leaf in donors)
+      have = (ir.IntegerAttr(attrs[_ALIAS]).value if _ALIAS in attrs else None, _DONOR in attrs)
+      if want != have:
+        changed = True
+        attrs.pop(_ALIAS, None)
+        attrs.pop(_DONOR, None)
+        if want[0] is not None:
+          attrs[_ALIAS] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), want[0])
+        elif want[1]:
+          attrs[_DONOR] = ir.BoolAttr.get(True)
+      if leaf in aliases and leaf in pinned:
+        if results is None:
+          results = [{a.name: a.attr for a in ir.DictAttr(d)} for d in ir.ArrayAttr(
+              main.attributes["res_attrs"])] if "res_attrs" in main.attributes else None
+        out = results[want[0]] if results is not None and want[0] < len(results) else None
+        for name in _SHARDING_ATTRS:
+          if out is not None and name in attrs and not any(n in out for n in _SHARDING_ATTRS):
+            out[name] = attrs[name]
+            changed = True
+    if not changed:
       return jax_lowered
-    main.attributes["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(d) for d in new])
+    main.attributes["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(d) for d in args])
+    if results is not None:
+      main.attributes["res_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(d) for d in results])
   copied = copy.copy(lowering)
   copied._hlo, copied._executable = module, None
   lowered = copy.copy(jax_lowered)
   lowered._lowering = copied
   return lowered
+
+
+_SHARDING_ATTRS = ("sdy.sharding", "mhlo.sharding")  # Shardy's, and GSPMD's
 
 
 # `jax.clear_caches()` clears every cache registered here; donate's plans (which hold traced

@@ -11,6 +11,11 @@ Pure analysis of a closed jaxpr (no JAX execution). Three facts per program:
 * annotations: every `donate_buffer`, `alias` and inner `jit(donate_argnums=...)` at any depth, with
   its source line and the input it resolves to (or None when it names an intermediate or constant),
   and a check that a donated or aliased source is not read afterwards.
+* hosting (`Hosting`): which inputs cannot host an output because an operation that reads them
+  depends on that output (XLA must copy the input to write the output into it), and which die
+  into it (every reader of the input is computed before the output is).
+
+Sharding and layout annotations (`_primitives.TRANSPARENT`) pass values through unchanged.
 """
 
 from __future__ import annotations
@@ -55,11 +60,22 @@ class Annotation:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dataflow:
-  """What the planner needs from a program: annotations, output sources, inputs it reads."""
+  """What the planner needs from a program: annotations, output sources, inputs it reads, and
+  which input can host which output (`can_host`, `dies_into`)."""
   annotations: tuple[Annotation, ...]
   out_sources: tuple[dict[int, int], ...]
   out_explicit: tuple[frozenset[int], ...]  # per output: inputs an explicit alias puts it in
   used: tuple[bool, ...]
+  hosting: "Hosting | None" = dataclasses.field(default=None, compare=False)
+
+  def can_host(self, i: int, j: int) -> bool:
+    """Whether input i's buffer can take output j without a copy: no operation that depends on
+    output j still reads input i, and input i is not itself returned (True when unknown)."""
+    return self.hosting is None or not self.hosting.blocked(i, j)
+
+  def dies_into(self, i: int, j: int) -> bool:
+    """Whether every operation reading input i comes before output j is made."""
+    return self.hosting is not None and self.hosting.dies(i, j)
 
 
 def _cap(sources: dict[int, int], cap: int) -> dict[int, int]:
@@ -167,8 +183,9 @@ class _Walker:
       if so is None:
         return [(None, _cap(ds, ELEMENTWISE))]
       return [(so, {so: EXPLICIT})]
-    if name in _primitives.IDENTITY and len(eqn.invars) == len(eqn.outvars):
-      return list(ins)  # marks and casts that keep the buffer: each stays the same value
+    if (name in _primitives.IDENTITY or name in _primitives.TRANSPARENT) and (
+        len(eqn.invars) == len(eqn.outvars)):
+      return list(ins)  # marks, casts and sharding annotations: each stays the same value
     if name in _primitives.IN_PLACE:
       return [(None, _cap(ins[0][1], UPDATE))] + [(None, {})] * (len(eqn.outvars) - 1)
     if name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1:
@@ -255,4 +272,111 @@ def analyze(closed: jcore.ClosedJaxpr, skip: int = 0) -> Dataflow:
   # one is not named does dead-code elimination decide whether anything reads it.
   named = set().union(*sources)
   used = ((True,) * n if len(named) == n else tuple(_compat.used_inputs(jaxpr)[skip:]))
-  return Dataflow(tuple(walker.annotations), plain, explicit, used)
+  return Dataflow(tuple(walker.annotations), plain, explicit, used, Hosting(jaxpr, skip))
+
+
+class Hosting:
+  """Which input buffer can take which output, from one flat order of the program's operations
+  (`_Readers`), answered on demand and remembered."""
+
+  def __init__(self, jaxpr, skip: int):
+    self.reads = _Readers(len(jaxpr.invars))
+    self.outs = self.reads.walk(jaxpr, [None] * skip + list(range(len(jaxpr.invars) - skip)))
+    self.returned = {v for v in self.outs if v is not None and v < self.reads.n_inputs}
+    self._late: dict[tuple[int, int], list[int]] = {}
+    self._blocked: dict[tuple[int, int], bool] = {}
+
+  def _late_readers(self, i: int, j: int) -> list[int]:
+    key = (i, j)
+    late = self._late.get(key)
+    if late is None:
+      v = self.outs[j]
+      made = -1 if v is None else self.reads.producer.get(v, -1)
+      late = self._late[key] = [r for r in self.reads.readers.get(i, ()) if r > made]
+    return late
+
+  def blocked(self, i: int, j: int) -> bool:
+    v = self.outs[j]
+    if v == i:
+      return False
+    key = (i, j)
+    hit = self._blocked.get(key)
+    if hit is None:
+      late = self._late_readers(i, j)
+      hit = self._blocked[key] = i in self.returned or bool(
+          late and v is not None and v >= self.reads.n_inputs and self.reads.depends(v, late))
+    return hit
+
+  def dies(self, i: int, j: int) -> bool:
+    return self.outs[j] == i or (i not in self.returned and not self._late_readers(i, j))
+
+
+class _Readers:
+  """One flat order of operations (calls inlined, loops and conds as one operation each): which
+  operations read each value, and which value each produces."""
+
+  BUDGET = 1 << 20  # operation visits `depends` may make in all before it answers "no"
+
+  def __init__(self, n_inputs: int):
+    self.n_inputs = n_inputs
+    self.next_id = n_inputs
+    self.readers: dict[int, list[int]] = {}  # value -> operations reading it, in order
+    self.producer: dict[int, int] = {}  # value -> the operation that makes it
+    self.ops: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # (values read, values made)
+    self.visits = 0
+
+  def walk(self, jaxpr, ids: list) -> list:
+    env = dict(zip(jaxpr.invars, ids))
+    get = lambda v: None if isinstance(v, jcore.Literal) else env.get(v)
+    for eqn in jaxpr.eqns:
+      ins = [get(v) for v in eqn.invars]
+      name = eqn.primitive.name
+      if (name in _primitives.IDENTITY or name in _primitives.TRANSPARENT) and (
+          len(ins) == len(eqn.outvars)):
+        env.update(zip(eqn.outvars, ins))
+        continue
+      sub = _inlined(eqn)
+      if sub is not None:
+        env.update(zip(eqn.outvars, self.walk(sub, ins)))
+        continue
+      made = tuple(range(self.next_id, self.next_id + len(eqn.outvars)))
+      self.next_id += len(made)
+      k = len(self.ops)
+      read = tuple(dict.fromkeys(v for v in ins if v is not None))
+      self.ops.append((read, made))
+      for v in read:
+        self.readers.setdefault(v, []).append(k)
+      for v in made:
+        self.producer[v] = k
+      env.update(zip(eqn.outvars, made))
+    return [get(v) for v in jaxpr.outvars]
+
+  def depends(self, value: int, ops: list[int]) -> bool:
+    """Whether any of `ops` reads `value` or a value computed from it."""
+    start, end = self.producer.get(value, -1) + 1, max(ops)
+    targets, reached = set(ops), {value}
+    for k in range(start, end + 1):
+      self.visits += 1
+      if self.visits > self.BUDGET:
+        return False
+      read, made = self.ops[k]
+      if any(v in reached for v in read):
+        if k in targets:
+          return True
+        reached.update(made)
+    return False
+
+
+def _inlined(eqn):
+  """The sub-jaxpr a call runs on its operands one to one (its results are the call's), or None."""
+  if eqn.primitive.name not in _primitives.CALL and eqn.primitive.name not in _INLINED:
+    return None
+  for key in _CALL_PARAMS:
+    sub = open_jaxpr(eqn.params.get(key))
+    if sub is not None and len(sub.invars) == len(eqn.invars) and (
+        len(sub.outvars) == len(eqn.outvars)):
+      return sub
+  return None
+
+
+_INLINED = frozenset({"shard_map", "custom_jvp_call", "custom_vjp_call"})

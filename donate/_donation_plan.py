@@ -161,13 +161,9 @@ class MemoryStats:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Layout:
-  """How the call is laid out for `jax.jit` when donate re-lays it out.
-
-  The inner computation takes the leaves in their own order and donates exactly `donated`;
-  its output k is the user's output `out_order[k]` (None: the user's order).
-  """
+  """The leaves the compiled program donates: the paired inputs and the buffer donors, in flat
+  order. Arguments and results keep the user's order."""
   donated: tuple[int, ...]
-  out_order: tuple[int, ...] | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)
@@ -178,11 +174,11 @@ class DonationPlan:
 
   >>> import jax.numpy as jnp, donate
   >>> f = donate.jit(lambda a, b: (b.at[0].set(1.0), a + 1.0), donate_argnums=(0, 1))
-  >>> plan = f.plan(jnp.zeros(4), jnp.zeros(4))
+  >>> plan = f.plan(jnp.zeros(2**16), jnp.zeros(2**16))
   >>> [(d.path, d.action, d.output) for d in plan.decisions]
   [('a', 'aliased', 'out[1]'), ('b', 'aliased', 'out[0]')]
   >>> plan.bytes_requested, plan.bytes_reused
-  (32, 32)
+  (524288, 524288)
   """
   function: str
   decisions: tuple[LeafDecision, ...]

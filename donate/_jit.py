@@ -62,7 +62,7 @@ class JitWrapped:
       self._gated = _gate.gated_for(fun)
       jitted = _compat.jax_jit(self._gated, **argnums, **options.jit_kwargs)
     except (ValueError, TypeError) as e:
-      raise _keyword_error(name, fun, e) from e
+      raise _keyword_error(name, fun, e, options.jit_kwargs) from e
     self._fn = _signature.Function(fun, name, jitted, self._gated.gate,
                                    _binding.Binding(fun, jitted), options)
     # A function JAX cannot reference weakly gets exactly jax.jit's behaviour, whatever it is.
@@ -89,10 +89,11 @@ class JitWrapped:
         call = fn.binding.bind(args, kwargs)
         prep = self._fast.get(call.key)
         if prep is not None:
-          return prep.run(args, kwargs, call.leaves)
+          return prep.run(args, kwargs, call.leaves, cached=True)
     except _gate.Replan:  # the C++ entry of this signature is now "fall back to Python": drop it
-      _compat.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner
-                              else fn.jitted)
+      if prep is None or prep.inner is not None or not prep.realiased:
+        _compat.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner
+                                else fn.jitted)
     except (jax.errors.JaxRuntimeError, ValueError) as e:
       if "donate" in str(e) and _compat.trace_state_clean():  # a buffer given twice: name both
         prep, call = self._prepare(args, kwargs)
@@ -114,7 +115,7 @@ class JitWrapped:
       out = prep.run(args, kwargs, call.leaves)
     with self._lock:
       self._fast[prep.call.key] = prep
-      self._native_only = all(p.native for p in self._fast.values())
+      self._native_only = all(p.native and not p.realiased for p in self._fast.values())
     return out
 
   def _nested(self, args, kwargs):
@@ -225,10 +226,17 @@ def _restore(fun, kwargs):
   return jit(fun, **kwargs)
 
 
-def _keyword_error(name: str, fun, error: Exception) -> Exception:
-  """`jax.jit`'s error for a bad keyword, as a DonationError of the same type naming the function."""
+def _keyword_error(name: str, fun, error: Exception, jit_kwargs: dict) -> Exception:
+  """`jax.jit`'s error for a bad argument number or name, as a DonationError of the same type
+  naming the function and its parameters; any other keyword error is `jax.jit`'s own, unchanged
+  (a `jax.jit` of the function without the argument numbers and names raises it too)."""
   if "unexpected keyword argument" in str(error):
     return error  # a keyword jax.jit does not have: its own TypeError says it best
+  others = {k: v for k, v in jit_kwargs.items() if k not in ("static_argnums", "static_argnames")}
+  try:
+    _compat.jax_jit(fun, **others)
+  except (ValueError, TypeError):
+    return error
   try:
     params = ", ".join(inspect.signature(fun).parameters)
   except (TypeError, ValueError):
@@ -261,7 +269,10 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
   (numpy arrays, Python scalars) are not consumed, and inputs the function never reads stay alive,
   as in `jax.jit`. `donate.donate_buffer` and `donate.alias` inside the function donate more.
   Outputs are paired with the donated input they are computed from in place, not first come,
-  first served. The returned function also has `.plan(...)` (plans and compiles, runs nothing),
+  first served, where that changes a buffer of at least `copy_threshold` bytes (smaller ones
+  pair as `jax.jit` pairs them). The program keeps the user's argument and result order (the
+  pairs are set on the lowered module), so its staged objects and executables work wherever
+  `jax.jit`'s do (`serialize_executable`, `jax.export`, the persistent cache). The returned function also has `.plan(...)` (plans and compiles, runs nothing),
   `.trace(...)`, `.lower(...)`, `.eval_shape(...)` and `.into(out)(...)`.
 
   Args:
@@ -280,7 +291,8 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
       default: like `jax.jit`, the outer call then consumes only what it was asked to; the plan
       lists the inner donation as ignored. (An inner `donate.jit` is always honoured.)
     copy_threshold: the smallest copy, in bytes, that the plan's "copies XLA added" section and
-      `Compiled.copies()` report.
+      `Compiled.copies()` report; a pairing that differs from `jax.jit`'s only in smaller
+      buffers is not worth another program, and runs as `jax.jit` pairs it.
     symmetric_placement: on a GPU target (concrete GPU arrays, or abstract arguments and
       shardings on a GPU mesh such as `donate.targets.gpu_mesh("h100", 8)`), compile with the
       options that put the values marked by `with_symmetric` / `requires_symmetric` /
@@ -295,7 +307,7 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
   >>> @donate.jit(donate_argnums=(0, 1))
   ... def step(a, b):
   ...   return b.at[0].set(1.0), a + 1.0
-  >>> a, b = jnp.zeros(3), jnp.zeros(3)
+  >>> a, b = jnp.zeros(2**16), jnp.zeros(2**16)
   >>> pa, pb = a.unsafe_buffer_pointer(), b.unsafe_buffer_pointer()
   >>> x, y = step(a, b)
   >>> x.unsafe_buffer_pointer() == pb, y.unsafe_buffer_pointer() == pa, a.is_deleted()

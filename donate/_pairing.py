@@ -14,8 +14,9 @@ decides, for every input leaf, whether it is donated and which output reuses its
    b -> [0] and a -> [1];
 4. predict what `jax.jit` does with the rest: a donor when an unpaired output has as many elements,
    otherwise unusable;
-5. lay the call out so that `jax.jit`'s first-come, first-served pairing yields exactly these pairs:
-   the inputs stay in order, the outputs of the inner computation are reordered when needed.
+5. list the leaves the program donates (`Layout`); the lowering sets exactly these pairs and
+   donors on the module (`_signature.Prepared.with_plan_aliases`), arguments and results in the
+   user's order.
 
 After compiling, `DonationPlan.realize` folds in the aliases XLA really made and the compiled
 program's memory figures.
@@ -151,8 +152,10 @@ def _requests(requested: dict[int, str], flow: _dataflow.Dataflow,
 def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
   """Greedy maximal matching, strongest dataflow link first. Returns {leaf: (output, strength)}.
 
-  The same matching as sorting every compatible (leaf, output) pair by (-strength, output, leaf)
-  and taking each pair whose leaf and output are both free, in time near-linear in the leaves and
+  A linked input that an operation depending on the output still reads cannot host it
+  (`Dataflow.blocked`: XLA would copy it); among equally strong links, an input that dies into
+  the output comes first. The same matching as sorting every compatible (leaf, output) pair by
+  (-strength, not dying, output, leaf) and taking each pair whose leaf and output are both free, in time near-linear in the leaves and
   outputs: linked pairs come from the dataflow (few per output), and the unlinked rest pairs
   each output, in order, with the first free donated leaf of its key. With `xla_decides` (several
   devices, an output sharding not given) an output with no dataflow link to a leaf is left to
@@ -165,10 +168,11 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     if flow.out_explicit[j]:
       sources = {**sources, **dict.fromkeys(flow.out_explicit[j], _dataflow.EXPLICIT)}
     for i, strength in sources.items():
-      if strength > 0 and i in donated_set and _compatible(leaves[i], out):
-        linked.append((-strength, j, i))
+      if (strength > 0 and i in donated_set and _compatible(leaves[i], out)
+          and (strength >= _dataflow.EXPLICIT or flow.can_host(i, j))):
+        linked.append((-strength, not flow.dies_into(i, j), j, i))
   pairs, taken = {}, set()
-  for neg, j, i in sorted(linked):
+  for neg, _, j, i in sorted(linked):
     if i not in pairs and j not in taken:
       pairs[i] = (j, -neg)
       taken.add(j)
@@ -179,20 +183,22 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     queue = free.get(_key(out))
     if j in taken or not queue or (xla_decides and out.sharding_obj is None):
       continue
-    k = next((k for k, i in enumerate(queue) if _compatible(leaves[i], out)), None)
+    k = next((k for k, i in enumerate(queue)
+              if _compatible(leaves[i], out) and flow.can_host(i, j)), None)
     if k is not None:
       pairs[queue.pop(k)] = (j, 0)
       taken.add(j)
   return pairs
 
 
-def _first_come(leaves, outputs, donated, planned):
-  """`jax.jit`'s pairs as {leaf: (output, strength)}, when only its own lowering can run a call."""
+def _first_come(leaves, outputs, donated, flow):
+  """`jax.jit`'s pairs as {leaf: (output, strength of their dataflow link)}, when only its own
+  lowering runs a call."""
   pairs = {}
   for i, j in fcfs_pairs(leaves, outputs, donated).items():
     if _compatible(leaves[i], outputs[j]):
-      strength = planned[i][1] if planned.get(i, (None,))[0] == j else 0
-      pairs[i] = (j, strength)
+      strength = flow.out_sources[j].get(i, 0) if j < len(flow.out_sources) else 0
+      pairs[i] = (j, _dataflow.EXPLICIT if i in flow.out_explicit[j] else strength)
   return pairs
 
 
@@ -239,20 +245,9 @@ def _donors(leaves, outputs, donated, pairs, xla_decides: bool = False) -> dict[
   return donor_out
 
 
-def _layout(leaves, outputs, pairs, donor_out, xla_decides: bool = False) -> Layout:
-  """The inner computation's donated leaves and output order, so that first come, first served
-  yields `pairs`: in each (shape, dtype) group the k-th output gets the k-th donated input."""
-  paired_out = {j: i for i, (j, _) in pairs.items()}
-  by_input = sorted(paired_out, key=paired_out.__getitem__)
-  order = by_input + [j for j in range(len(outputs)) if j not in paired_out]
-  # A donor must not come before a paired input of its own group: it would take that output.
-  last_paired = {}
-  for i in pairs if donor_out else ():
-    last_paired[_key(leaves[i])] = max(i, last_paired.get(_key(leaves[i]), -1))
-  donors = [i for i in donor_out if xla_decides or i > last_paired.get(_key(leaves[i]), -1)]
-  donated = tuple(sorted(set(pairs) | set(donors)))
-  out_order = tuple(order) if order != list(range(len(outputs))) else None
-  return Layout(donated, out_order)
+def _layout(pairs, donor_out) -> Layout:
+  """The leaves the program donates: each paired input and each buffer donor."""
+  return Layout(tuple(sorted(set(pairs) | set(donor_out))))
 
 
 def _unusable_reason(leaf, outputs, pairs, leaves) -> str:
@@ -389,7 +384,7 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
     adopt_inner: honour `jax.jit(donate_argnums=...)` of inner calls on the outer inputs.
     xla_decides: the program spans several devices and not every output sharding is given:
       `jax.jit` offers every donated input to XLA as a donor (see `_donors`).
-    first_come: why only `jax.jit`'s own lowering can run the call (custom layouts, ...): pair
+    first_come: why `jax.jit`'s own lowering runs the call (custom layouts, ...), in words: pair
       first come, first served as `jax.jit` does, and say so in a note.
     disabled: why JAX donates nothing in this call (`jax_debug_nans`): every requested leaf is
       kept, with that reason.
@@ -406,14 +401,13 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
   donated = [] if disabled else [i for i in sorted(sources) if used[i] and leaves[i].is_array]
   pairs = _pair(leaves, outputs, donated, flow, xla_decides)
   if first_come:
-    pairs = _first_come(leaves, outputs, donated, pairs)
-    notes.append(f"dataflow pairing not applied ({first_come}: only jax.jit's own lowering "
-                 "handles them); outputs reuse donated buffers first come, first served")
+    pairs = _first_come(leaves, outputs, donated, flow)
+    notes.append(f"dataflow pairing not applied: {first_come}; outputs reuse donated buffers "
+                 "first come, first served")
   explicit = set().union(*flow.out_explicit) if flow.out_explicit else set()
   donor_out = _donors(leaves, outputs, [i for i in donated if i not in explicit], pairs,
                       xla_decides)
-  layout = _layout(leaves, outputs, pairs, donor_out, xla_decides)
-  donor_out = {i: j for i, j in donor_out.items() if i in layout.donated}
+  layout = _layout(pairs, donor_out)
   decisions = tuple(
       _disabled(leaf, sources[i], disabled) if disabled and sources.get(i) and leaf.is_array
       else _decide(i, leaf, sources.get(i, ""), used[i], pairs, donor_out, outputs, leaves,

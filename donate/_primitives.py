@@ -29,6 +29,12 @@ IDENTITY = frozenset({
 })
 """The output is the operand's buffer itself (marks, casts between shard_map's varying types)."""
 
+TRANSPARENT = frozenset({
+    "sharding_constraint", "reshard", "mesh_cast", "device_put", "layout_constraint",
+})
+"""Sharding and layout annotations: each result is its operand, perhaps laid out anew. Dataflow
+passes through them (an in-place update stays one through `with_sharding_constraint`)."""
+
 VIEW = frozenset({"reshape", "squeeze", "bitcast_convert_type"})
 """Re-views the operand's bytes (a bitcast in XLA) when the byte size is unchanged."""
 
@@ -70,7 +76,7 @@ TRACE_BACK_VIEWS = VIEW | frozenset({
 VERSION_SPECIFIC = frozenset({
     "pcast", "copy_p", "scatter_add", "scatter_mul", "scatter_min", "scatter_max", "scatter_sub",
     "pjit", "core_call", "checkpoint", "remat", "closed_call", "custom_vjp_call_jaxpr",
-    "custom_transpose_call", "custom_call",
+    "custom_transpose_call", "custom_call", "mesh_cast",
 })
 """Names in the table that some supported (or older/newer) JAX versions do not define."""
 

@@ -6,10 +6,15 @@
   annotations): the gate, a `jax.jit` of the user's function, lowers, compiles and runs it, so the
   call, its staged objects, its caches and its errors are `jax.jit`'s own (`Prepared.native`);
 * donate does better (dataflow pairing where first come, first served would copy, `donate_buffer`
-  and `alias` anywhere inside, preallocated outputs, symmetric-memory marks): an inner
-  `jax.jit(replay, donate_argnums=plan.layout.donated)` over the flat leaves replays the traced
-  jaxpr with its outputs reordered, so `jax.jit`'s first-come, first-served pairing makes exactly
-  the planned `tf.aliasing_output` attributes (`Prepared.inner`).
+  and `alias` anywhere inside, preallocated outputs): the gate's own lowering, with `main`'s
+  `tf.aliasing_output` and `jax.buffer_donor` attributes set to the plan's
+  (`Prepared.realiased`; `_compat.lowered_with_aliases`), is compiled and run. Arguments and
+  results keep the user's order and pytrees, so the staged objects and the executable are
+  `jax.jit`'s own in every other respect (serialization, `out_info`, shardings, export, caches);
+* values marked for symmetric memory (a rewritten jaxpr) or a GPU target's placement options: an
+  inner `jax.jit(replay, donate_argnums=plan.layout.donated)` over the flat leaves replays the
+  marked jaxpr, its results in the user's order, with the plan's aliases set the same way
+  (`Prepared.inner`).
 
 `Prepared.compile` reads the compiled module's `input_output_alias`, memory figures, copies and
 placements into the plan (`_compiled.realize`) before anything runs.
@@ -37,10 +42,12 @@ from donate import _errors
 from donate import _gate
 from donate import _options
 from donate import _pairing
+from donate import _route
 from donate import _donation_plan
 from donate import _symm
 from donate import _compat
 from donate._primitives import remember_donate_jit
+from donate._text import format_bytes
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -58,15 +65,10 @@ class Function:
 class Inner:
   """The re-laid-out computation of one signature: a `jax.jit` over the flat leaves."""
   jitted: Callable
-  out_order: tuple[int, ...] | None
   out_tree: Any
+  out_order = None  # results come in the user's order
 
   def outputs(self, flat) -> Any:
-    if self.out_order is not None:
-      user = [None] * len(flat)
-      for k, j in enumerate(self.out_order):
-        user[j] = flat[k]
-      flat = user
     return tree_util.tree_unflatten(self.out_tree, flat)
 
   def __call__(self, leaves):
@@ -84,10 +86,13 @@ class Prepared:
   call: _binding.Call  # the call's structure (its leaves are not kept)
   traced: Any  # jax.stages.Traced of the gate
   plan: _donation_plan.DonationPlan
-  native: bool  # True: the gate runs it (jax.jit's own plan); False: the inner jit does
-  inner: Inner | None
+  native: bool  # True: jax.jit's lowering of the gate's trace (its own plan, or `realiased`)
+  inner: Inner | None  # the replay over the flat leaves, when `native` is False
+  realiased: bool = False  # the gate's lowering with the plan's aliases, run as compiled
+  first_come: Callable[[str], Any] | None = None  # the first-come plan, given why it is used
   lowered: Any = None  # jax.stages.Lowered
   compiled: Any = None  # jax.stages.Compiled
+  in_shardings: tuple = ()  # the traced input shardings, per leaf (None where not known)
   comm: tuple = ()  # the values marked for symmetric memory (`_symm.comm_buffers`)
   placement: Any = None  # the `_symm` placement policy, on GPU targets with marked values
   in_paths: list | None = None  # the compiled module's parameters as the user's leaf paths
@@ -96,11 +101,21 @@ class Prepared:
   @property
   def donated(self) -> frozenset[int]:
     """The leaves the program donates (as `jax.jit`'s `args_info[...].donated` reports them)."""
-    if self.native:
+    if self.native and not self.realiased:
       return frozenset(self.fn.binding.donated_leaves(self.call))
     return frozenset(self.plan.layout.donated)
 
-  def run(self, args, kwargs, leaves):
+  def run(self, args, kwargs, leaves, cached: bool = False):
+    """Runs the call (`cached`: found by its pytree structure alone, so arguments of other
+    shapes, dtypes or shardings raise `_gate.Replan` and take the slow path)."""
+    if self.realiased:  # the compiled program with the plan's aliases, called as jax.jit's AOT
+      args, kwargs = self.fn.binding.dynamic(args, kwargs)
+      if not cached:
+        return self.compiled(*args, **kwargs)
+      try:
+        return self.compiled(*args, **kwargs)
+      except (TypeError, ValueError):  # another signature: JAX checks before running anything
+        raise _gate.Replan() from None
     if self.native:
       return self.fn.jitted(*args, **kwargs)
     return self.inner(leaves)
@@ -113,15 +128,35 @@ class Prepared:
 
       def lower():
         if self.native:
-          return self.traced.lower(**lower_kwargs)
-        inner_traced = self.inner.jitted.trace(*call.leaves)
-        remember_donate_jit(inner_traced.jaxpr)
-        return inner_traced.lower(**lower_kwargs)
+          traced = self.traced
+        else:
+          traced = self.inner.jitted.trace(*call.leaves)
+          remember_donate_jit(traced.jaxpr)
+        lowered = traced.lower(**lower_kwargs)
+        if self.native and not self.realiased:
+          return lowered
+        return self.with_plan_aliases(lowered, _compat.traced_num_consts(traced))
 
       lowered = self.checked_lowering(lower, warn=not lower_kwargs)
       if not lower_kwargs:
         self.lowered = lowered
       return lowered
+
+  def with_plan_aliases(self, jax_lowered, n_traced: int):
+    """`jax_lowered` (the gate's lowering, the inner replay's, or one for `jax.export`) whose
+    `main` aliases and donates exactly what the plan says, results in the user's order.
+
+    The leaves the plan decides are set; others (host values, refs) keep what `jax.jit`'s
+    lowering gave them. An output that reuses a buffer over several devices is given that
+    buffer's sharding when the lowering left it to propagation (`jax.jit` makes an alias only
+    for an output whose sharding is stated)."""
+    plan = self.plan
+    managed = {i for i, d in enumerate(plan.decisions) if d.requested and d.action in _PLANNED}
+    donors = {i for i, d in enumerate(plan.decisions) if d.action == _donation_plan.DONOR}
+    pairs = plan.pairs()
+    pinned = {i for i in pairs if self.in_shardings[i] is not None
+              and _route.num_devices(self.in_shardings[i]) > 1}
+    return _compat.lowered_with_aliases(jax_lowered, n_traced, managed, pairs, donors, pinned)
 
   def checked_lowering(self, lower: Callable[[], Any], warn: bool = True):
     """`lower()` under the gate, JAX's own unusable-donation warning silenced; before it, an
@@ -165,6 +200,8 @@ class Prepared:
       options = self.fn.options
       plan = _compiled.realize(self, lowered, compiled, options.copy_threshold,
                                with_copies or bool(kwargs))
+      if self.realiased and not kwargs and self.compiled is None:
+        lowered, compiled, plan = self._lower_peak_of_two(lowered, compiled, plan, with_copies)
       explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
       if explicit or (options.strict_unusable and len(plan.unusable) > len(self.plan.unusable)):
         raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
@@ -187,6 +224,36 @@ class Prepared:
       if not kwargs:
         self.compiled, self.plan = compiled, plan
       return compiled, plan
+
+  def _lower_peak_of_two(self, lowered, compiled, plan, with_copies: bool):
+    """Where XLA copies a donated buffer of the re-paired program anyway, `jax.jit`'s own
+    first-come program is compiled too and the one with the lower peak kept (once per
+    signature); the plan says which, and why."""
+    threshold = self.fn.options.copy_threshold
+    copies = plan.copies if plan.copies is not None else _compiled.copies_of(
+        self, compiled, threshold)
+    consumed = {d.path for d in plan.decisions if d.consumed}
+    copied = sorted({c.input_path for c in copies if c.input_path in consumed})
+    if not copied or self.first_come is None:
+      return lowered, compiled, plan
+    with self.fn.gate, warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
+      theirs_lowered = self.traced.lower()
+    theirs = theirs_lowered.compile()
+    ours_peak = _donation_plan.MemoryStats.from_compiled(compiled)
+    theirs_peak = _donation_plan.MemoryStats.from_compiled(theirs)
+    if ours_peak is None or theirs_peak is None:
+      return lowered, compiled, plan
+    why = (f"XLA copies {', '.join(copied)} in the re-paired program: peak "
+           f"{format_bytes(ours_peak.peak)}, first come, first served "
+           f"{format_bytes(theirs_peak.peak)}")
+    if ours_peak.peak < theirs_peak.peak:
+      return lowered, compiled, dataclasses.replace(
+          plan, notes=plan.notes + (why + "; the re-paired program is kept",))
+    self.plan = self.first_come(why + "; jax.jit's own is kept")
+    self.realiased, self.lowered = False, theirs_lowered
+    return theirs_lowered, theirs, _compiled.realize(self, theirs_lowered, theirs, threshold,
+                                                     with_copies)
 
   def check_duplicates(self, call: _binding.Call, plan: _donation_plan.DonationPlan | None = None):
     """The same buffer twice where one is donated: raise before dispatch, naming both leaves."""
@@ -240,7 +307,7 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   flow = _dataflow.analyze(marked, skip=n_consts)
   leaves, outputs, in_sh, out_sh, has_layouts = _arguments(fn, call, traced)
   requested = fn.binding.donated_leaves(call)
-  xla_decides = _xla_decides(leaves, outputs)
+  xla_decides = _route.xla_decides(leaves, outputs)
   plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides)
   policy, gpu_options = None, {}
   if comm:  # values marked for symmetric memory: placed when the program compiles for GPUs
@@ -250,36 +317,28 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
     gpu_options = dict(policy.options)
   if gpu_options:
     plan = dataclasses.replace(plan, notes=plan.notes + policy.placed_too)
-  native = (marked is closed and not gpu_options
-            and _is_native(fn.options, plan, leaves, outputs, requested, flow, xla_decides)
-            and not (xla_decides and _refs_beside_donors(plan, leaves, closed)))
-  if (has_layouts or n_consts) and not native:
-    # Layouts and hoisted constants: only jax.jit's own lowering handles them, so the plan is
-    # jax.jit's first-come, first-served pairing, and says so.
-    why = "custom layouts" if has_layouts else "constants hoisted into arguments"
+  replay = marked is not closed or bool(gpu_options) or (
+      xla_decides and _route.refs_beside_donors(plan, leaves, closed))
+  native = not replay and _route.is_native(fn.options, plan, leaves, outputs, requested, flow,
+                                           xla_decides)
+  why = _route.first_come_only(fn.options, plan, leaves, requested, flow, has_layouts, n_consts,
+                               replay, native)
+  if why == _route.SAME_PAIRS:
+    native = True
+  elif why:
     plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides,
                             first_come=why)
-    native = True
-  if not native and any(leaves[i].kind == _donation_plan.REF for i in requested):
-    # A ref in donate_argnums: what jax.jit makes of it (a warning, or XLA's own error).
-    plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides,
-                            first_come="jax.Refs in donate_argnums")
-    native = True
-  inner = None if native else _inner(fn, marked, plan, traced, leaves, in_sh, out_sh,
-                                     gpu_options)
+    native, replay = True, False
+  inner = _inner(fn, marked, plan, traced, leaves, in_sh, out_sh, gpu_options) if replay else None
   structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
-  return Prepared(fn, structure, traced, plan, native, inner, comm=tuple(comm),
-                  placement=policy if gpu_options else None)
+  realiased = not (native or replay)
 
-
-def _refs_beside_donors(plan, leaves, closed) -> bool:
-  """Whether a program in which `jax.jit` offers donated buffers to XLA as donors (`_xla_decides`)
-  writes refs back: XLA may pair a donor with a ref's write-back and then rejects its own aliases
-  (an internal error on jax 0.10 and 0.12). The re-laid-out call states the shardings of the
-  planned pairs instead (`_inner`)."""
-  refs = (any(l.kind == _donation_plan.REF for l in leaves)
-          or any(isinstance(c, jax.Ref) for c in closed.consts))
-  return refs and any(d.consumed for d in plan.decisions)
+  def first_come(why: str):
+    return _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides,
+                      first_come=why)[0]
+  return Prepared(fn, structure, traced, plan, not replay, inner, realiased=realiased,
+                  first_come=first_come if realiased else None, in_shardings=tuple(in_sh),
+                  comm=tuple(comm), placement=policy if gpu_options else None)
 
 
 def _arguments(fn: Function, call: _binding.Call, traced):
@@ -289,8 +348,10 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   in_sh, out_sh, has_layouts = _compat.traced_flat_shardings(traced)
   leaves = [dataclasses.replace(l, sharding_obj=s) if l.sharding_obj is None and s is not None
             else l for l, s in zip(leaves, in_sh)]
+  # The output tree rebuilt from the traced avals (as JAX rebuilds it from tracers): a pytree
+  # class that checks its children when built sees arrays, never stand-ins.
   out_paths = ["out" + "".join(map(str, kp)) for kp, _ in tree_util.tree_flatten_with_path(
-      tree_util.tree_unflatten(traced.out_tree, [0] * traced.out_tree.num_leaves))[0]]
+      tree_util.tree_unflatten(traced.out_tree, list(traced.jaxpr.out_avals)))[0]]
   facts: dict[tuple, tuple] = {}  # (shape, dtype) -> the output's facts, read once per call
   outputs = []
   for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh):
@@ -335,42 +396,26 @@ def _make_plan(fn: Function, leaves, outputs, requested, flow, marked, xla_decid
   return plan, comm
 
 
+# The actions of the leaves whose parameter attributes the plan sets (`with_plan_aliases`).
+_PLANNED = (_donation_plan.ALIASED, _donation_plan.DONOR, _donation_plan.UNUSABLE,
+            _donation_plan.UNUSED)
+
 # JAX's jit donates nothing while `jax_debug_nans` is on (it may rerun the function de-optimized,
 # which needs the inputs); `jax_debug_infs` does not turn donation off.
 JAX_DISABLED = ("not donated: jax_debug_nans is on, and JAX donates nothing then (it may rerun "
                 "the function de-optimized on the same inputs)")
 
 
-def _is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool) -> bool:
-  """Whether `jax.jit`'s own lowering makes the plan: same donated leaves, same pairs."""
-  if any(a.kind != "inner_jit" or options.adopt_inner for a in flow.annotations):
-    return False
-  used = [options.keep_unused or u for u in flow.used]
-  consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
-  jax_donated = [] if jax.config.jax_debug_nans else [i for i in requested if used[i]]
-  if not consumed <= set(jax_donated):
-    return False
-  fcfs = _pairing.fcfs_pairs(leaves, outputs, jax_donated)
-  planned = plan.pairs()
-  device = {i for i, l in enumerate(leaves) if l.kind != _donation_plan.HOST}
-  if xla_decides:
-    # jax.jit offers every donated input to XLA as a donor and XLA pairs them first come, first
-    # served after partitioning: jax.jit's own path makes the plan when its pairs agree with that.
-    return all(fcfs.get(i) == j for i, j in planned.items())
-  return {i: j for i, j in fcfs.items() if i in device} == planned
-
-
 def _inner(fn: Function, closed, plan, traced, leaves, in_sh, out_sh, gpu_options) -> Inner:
-  layout = plan.layout
-  order = layout.out_order
-  out_sh = _pinned_out_shardings(plan, leaves, out_sh)
+  """The replay of the (marked) traced jaxpr over the flat leaves, results in the user's order;
+  its lowering gets the plan's aliases (`Prepared.with_plan_aliases`)."""
+  out_sh = _route.pinned_out_shardings(plan, leaves, out_sh)
   gate, jaxpr, consts = fn.gate, closed.jaxpr, closed.consts
 
   def replay(*leaves):
     if not gate.is_open:
       raise _gate.Replan()
-    outs = jax.core.eval_jaxpr(jaxpr, consts, *leaves)
-    return [outs[j] for j in order] if order is not None else list(outs)
+    return list(jax.core.eval_jaxpr(jaxpr, consts, *leaves))
 
   replay.__name__ = replay.__qualname__ = getattr(fn.fun, "__name__", "fun")
   kwargs = {k: v for k, v in fn.options.jit_kwargs.items()
@@ -380,50 +425,9 @@ def _inner(fn: Function, closed, plan, traced, leaves, in_sh, out_sh, gpu_option
   if any(s is not None for s in in_sh):
     kwargs["in_shardings"] = tuple(in_sh)
   if any(s is not None for s in out_sh):
-    kwargs["out_shardings"] = [out_sh[j] for j in order] if order is not None else list(out_sh)
-  jitted = _compat.jax_jit(replay, donate_argnums=layout.donated, **kwargs)
-  return Inner(jitted, order, traced.out_tree)
-
-
-def _pinned_out_shardings(plan, leaves, out_sh) -> tuple:
-  """The output shardings of the re-laid-out call: each planned output that reuses a donated
-  buffer over several devices gets that buffer's sharding when none was given.
-
-  `jax.jit` makes an input/output alias only for an output whose sharding is stated; an output
-  left to sharding propagation gets its input as a mere donor, which XLA pairs first come, first
-  served after partitioning (the full copy dataflow pairing avoids). An output planned into a
-  buffer is computed from it in place, so it takes the buffer's sharding.
-  """
-  out_sh = list(out_sh)
-  for i, j in plan.pairs().items():
-    s = leaves[i].sharding_obj
-    if out_sh[j] is None and s is not None and _num_devices(s) > 1:
-      out_sh[j] = s
-  return tuple(out_sh)
-
-
-def _xla_decides(leaves, outputs) -> bool:
-  """Whether `jax.jit` offers every donated input to XLA as a donor, to pair after partitioning:
-  the program spans several devices and not every output sharding is stated."""
-  return any(o.sharding_obj is None for o in outputs) and _multi_device(leaves, outputs)
-
-
-def _multi_device(leaves, outputs) -> bool:
-  shardings = {}  # each sharding object once: a wide pytree's leaves share one or two
-  for x in (*leaves, *outputs):
-    s = x.sharding_obj
-    if s is not None:
-      shardings.setdefault(id(s), s)
-  return any(_num_devices(s) > 1 for s in shardings.values())
-
-
-def _num_devices(sharding) -> int:
-  """Devices a sharding spans; abstract meshes (no devices) count by their size."""
-  try:
-    return len(sharding.device_set)
-  except Exception:  # an AbstractMesh has no devices
-    mesh = getattr(sharding, "mesh", None)
-    return int(getattr(mesh, "size", 1) or 1)
+    kwargs["out_shardings"] = list(out_sh)
+  jitted = _compat.jax_jit(replay, donate_argnums=plan.layout.donated, **kwargs)
+  return Inner(jitted, traced.out_tree)
 
 
 def _user_stacklevel() -> int:

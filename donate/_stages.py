@@ -133,18 +133,8 @@ def _lower_for_export(prep, kwargs):
   whose `main` aliases and donates what the plan says; warns, or raises in strict mode, for
   unusable donations first, as every other lowering does. Symbolic shapes pair as `jax.jit` pairs
   them: by equal shape expressions."""
-  plan = prep.plan
   lowered = prep.checked_lowering(lambda: prep.traced.lower(**kwargs))
-  # The leaves the plan decides; others (host values exported as specs, refs) keep what
-  # jax.jit's lowering gave them.
-  managed = {i for i, d in enumerate(plan.decisions) if d.requested and d.action in _PLANNED}
-  donors = {i for i, d in enumerate(plan.decisions) if d.action == _donation_plan.DONOR}
-  return _compat.lowered_with_aliases(lowered, _compat.traced_num_consts(prep.traced), managed,
-                                      plan.pairs(), donors)
-
-
-_PLANNED = (_donation_plan.ALIASED, _donation_plan.DONOR, _donation_plan.UNUSABLE,
-            _donation_plan.UNUSED)
+  return prep.with_plan_aliases(lowered, _compat.traced_num_consts(prep.traced))
 
 
 class Lowered(_Stage):

@@ -71,7 +71,7 @@ def swapped(mesh, row, global_array, w_host, x_host):
   step = make_swapped_step(mesh)
   w, m, x = global_array(w_host), global_array(w_host * 0.5), global_array(x_host)
   want = jax.jit(step)(global_array(w_host), global_array(w_host * 0.5), x)
-  f = donate.jit(step, donate_argnums=(0, 1))
+  f = donate.jit(step, donate_argnums=(0, 1), copy_threshold=0)  # N is small
   compiled = f.lower(w, m, x).compile()
   plan = f.plan(w, m, x)
   pointers = lambda a: [s.data.unsafe_buffer_pointer() for s in a.addressable_shards]

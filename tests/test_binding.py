@@ -3,7 +3,9 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+import donate
 from donate import _binding
 from donate import _donation_plan as dp
 
@@ -59,3 +61,35 @@ def test_meta_key_separates_what_a_plan_depends_on():
   a, b = jnp.ones(4), jnp.ones(4)
   assert _binding.meta_key(a) == _binding.meta_key(b)
   assert _binding.meta_key(a) != _binding.meta_key(np.ones(4))
+
+
+class Checked:
+  """A pytree class whose constructor checks its children (as many users' classes do)."""
+
+  def __init__(self, w, b):
+    if w.shape[-1] != b.shape[0]:
+      raise ValueError(f"w {w.shape} and b {b.shape} do not fit")
+    self.w, self.b = w, b
+
+
+jax.tree_util.register_pytree_with_keys(
+    Checked, lambda c: (((jax.tree_util.GetAttrKey("w"), c.w), (jax.tree_util.GetAttrKey("b"),
+                                                                  c.b)), None),
+    lambda _, children: Checked(*children))
+
+
+@pytest.mark.parametrize("donate_argnums", [(), (0,)])
+def test_a_pytree_class_that_checks_its_children_plans_and_runs(donate_argnums):
+  def step(layer, x):
+    return Checked(layer.w * 2.0, layer.b + x.sum()), x + 1.0
+
+  f = donate.jit(step, donate_argnums=donate_argnums)
+  layer, x = Checked(jnp.ones((3, 2)), jnp.ones(2)), jnp.ones(4)
+  plan = f.plan(layer, x)
+  assert [d.path for d in plan.decisions] == ["layer.w", "layer.b", "x"]
+  assert [o.path for o in plan.outputs] == ["out[0].w", "out[0].b", "out[1]"]
+  out, y = f(layer, x)
+  want, want_y = jax.jit(step)(Checked(jnp.ones((3, 2)), jnp.ones(2)), jnp.ones(4))
+  np.testing.assert_array_equal(out.w, want.w)
+  np.testing.assert_array_equal(y, want_y)
+  assert layer.w.is_deleted() == bool(donate_argnums) and not x.is_deleted()

@@ -5,7 +5,7 @@ from donate import _demo
 
 
 def test_demo_prints_the_plan_and_the_table(capsys):
-  demo.main(["--elements", "4096", "--steps", "2"])
+  demo.main(["--elements", "16384", "--steps", "2"])  # 64 KiB: copy_threshold
   out = capsys.readouterr().out
   assert "DonationPlan for swapped_update" in out
   rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
@@ -16,8 +16,8 @@ def test_demo_prints_the_plan_and_the_table(capsys):
 
 
 def test_swapped_rows_come_from_the_compiled_programs():
-  rows = {r.name: r for r in _demo.compare_swapped(1024, steps=1)}
+  rows = {r.name: r for r in _demo.compare_swapped(2**14, steps=1)}
   ours, theirs = rows["donate.jit"], rows["jax.jit(donate_argnums=(0, 1))"]
-  assert ours.memory.temp == 0 and theirs.memory.temp == 2 * 1024 * 4  # both copied
-  assert ours.reused == ours.donated == 2 * 1024 * 4
+  assert ours.memory.temp == 0 and theirs.memory.temp == 2 * 2**14 * 4  # both copied
+  assert ours.reused == ours.donated == 2 * 2**14 * 4
   assert ours.memory.peak < 0.51 * rows["jax.jit (no donation)"].memory.peak

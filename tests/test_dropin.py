@@ -101,7 +101,7 @@ def test_lower_compiles_nothing_and_the_first_call_compiles_once(fun):
 
 @pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
 def test_staged_objects_answer_every_member_jax_has(fun):
-  ours = donate.jit(fun, donate_argnums=(0, 1))
+  ours = donate.jit(fun, donate_argnums=(0, 1), copy_threshold=0)
   theirs = jax.jit(fun, donate_argnums=(0, 1))
   args = (fresh(), fresh())
   with warnings.catch_warnings():
@@ -158,7 +158,7 @@ def test_the_wrapped_function_keeps_jax_jit_attributes():
   assert g._cache_size() == 2
   g.clear_cache()
   assert g._cache_size() == 0
-  s = donate.jit(swapped_update, donate_argnums=(0, 1))
+  s = donate.jit(swapped_update, donate_argnums=(0, 1), copy_threshold=0)
   s(fresh(), fresh())
   assert s._cache_size() == 1
 
@@ -475,12 +475,17 @@ def test_a_new_signature_planned_on_the_way_keeps_jax_jits_cpp_dispatch():
     f(threes.pop())  # the other signature comes back through C++ once its entry is rebuilt
     f(threes.pop())
     assert count() == 2
-  s = donate.jit(swapped_update, donate_argnums=(0, 1))  # re-laid out: the inner jit alike
-  s(threes.pop(), threes.pop())
+  # Re-paired: each signature runs its own compiled program (JAX's AOT call), which no jax.jit
+  # dispatch cache stands in front of: a new signature is planned, lowered from the gate's trace
+  # and compiled without ever missing jax.jit's C++ cache.
+  s = donate.jit(swapped_update, donate_argnums=(0, 1))
+  big = lambda n: jnp.arange(2.0**16 + n)
+  s(big(3), big(3))
   with jtu.count_pjit_cpp_cache_miss() as count:
-    for _ in range(2):
-      s(fours.pop(), fours.pop())
-    assert count() == 1
+    for _ in range(3):
+      x, y = s(big(4), big(4))
+    assert count() == 1  # the new signature's trace by the gate; its calls run compiled
+  assert s._fast[next(iter(s._fast))].realiased and len(s._fast) == 1
 
 
 def test_the_lowered_module_carries_jax_jits_source_locations():

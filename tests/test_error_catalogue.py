@@ -102,8 +102,18 @@ def swapped(a, b):
   return b.at[0].set(1.0), a + 1.0
 
 
+def marked(a, b):
+  """A collective whose input `requires_symmetric` marks: the call replays its marked program."""
+  return jax.shard_map(lambda x, y: (y.at[0].set(1.0), lax.psum(x + 1.0, "i")), mesh=mesh(),
+                       in_specs=jax.P("i"), out_specs=(jax.P("i"), jax.P()))(a, b)
+
+
 def compiled_structure_mismatch():
-  compiled = donate.jit(swapped, donate_argnums=(0, 1)).lower(arr(), arr()).compile()
+  donate.requires_symmetric(lax.psum)
+  try:
+    compiled = donate.jit(marked, donate_argnums=(0, 1)).lower(arr(), arr()).compile()
+  finally:
+    symm.clear_requirements()  # the registry is process-wide
   compiled((arr(), arr()))
 
 

@@ -13,6 +13,7 @@ from donate import symm  # noqa: F401  (defines the `symmetric` primitive)
 TABLES = {
     "IDENTITY": prims.IDENTITY, "VIEW": prims.VIEW, "ELEMENTWISE": prims.ELEMENTWISE,
     "IN_PLACE": prims.IN_PLACE, "CALL": prims.CALL, "CUSTOM": prims.CUSTOM, "LOOP": prims.LOOP,
+    "TRANSPARENT": prims.TRANSPARENT,
     "TRACE_BACK_VIEWS": prims.TRACE_BACK_VIEWS,
 }
 

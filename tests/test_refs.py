@@ -69,7 +69,7 @@ def test_plan_lists_ref_leaves_as_written_back_in_place():
 
 
 def test_donated_arrays_beside_a_ref_pair_by_dataflow():
-  f = donate.jit(swapped_beside_ref, donate_argnums=(1, 2))
+  f = donate.jit(swapped_beside_ref, donate_argnums=(1, 2), copy_threshold=0)
   r, a, b = jax.new_ref(jnp.zeros(4)), jnp.arange(4.0), -jnp.arange(4.0)
   want_r = jax.new_ref(jnp.zeros(4))
   want = jax.jit(swapped_beside_ref)(want_r, jnp.arange(4.0), -jnp.arange(4.0))
@@ -77,9 +77,9 @@ def test_donated_arrays_beside_a_ref_pair_by_dataflow():
   assert plan.aliases == {"out[0]": "b", "out[1]": "a"}
   assert [d.action for d in plan.decisions] == [REF, "aliased", "aliased"]
   compiled = f.lower(r, a, b).compile()
-  # The re-laid-out call returns a's value first: parameter k -> output k-1 for the arrays; the
+  # The results keep the user's order: b (parameter 2) -> out[0], a (parameter 1) -> out[1]; the
   # ref (parameter 0) is written back through the extra last result, never a user output.
-  assert aliases(compiled) == {1: 0, 2: 1, 0: 2}
+  assert aliases(compiled) == {2: 0, 1: 1, 0: 2}
   pa, pb = a.unsafe_buffer_pointer(), b.unsafe_buffer_pointer()
   x, y = f(r, a, b)
   assert a.is_deleted() and b.is_deleted()
@@ -151,7 +151,7 @@ def test_closed_over_ref():
     state[...] += a
     return b.at[0].set(1.0), a + 1.0
 
-  g = donate.jit(f, donate_argnums=(0, 1))
+  g = donate.jit(f, donate_argnums=(0, 1), copy_threshold=0)
   plan = g.plan(jnp.ones(4), jnp.ones(4))
   assert plan.aliases == {"out[0]": "b", "out[1]": "a"}
   assert "1 jax.Ref(s) the function closes over: written back in place" in plan.notes
@@ -162,7 +162,8 @@ def test_closed_over_ref():
   assert a.is_deleted() and b.is_deleted()
   np.testing.assert_array_equal(state[...], jnp.full(4, 2.0))
   compiled = g.lower(jnp.ones(4), jnp.ones(4)).compile()
-  assert aliases(compiled) == {0: 0, 1: 1, 2: 2}  # the closed-over ref: the last parameter
+  # b -> out[0], a -> out[1] in the user's order; the closed-over ref: the last parameter.
+  assert aliases(compiled) == {1: 0, 0: 1, 2: 2}
 
 
 def test_ref_written_in_scan_beside_a_donated_carry():
@@ -188,7 +189,7 @@ def test_ref_written_in_scan_beside_a_donated_carry():
 
 
 def test_staged_objects_with_refs():
-  f = donate.jit(swapped_beside_ref, donate_argnums=(1, 2))
+  f = donate.jit(swapped_beside_ref, donate_argnums=(1, 2), copy_threshold=0)
   sds = jax.ShapeDtypeStruct((4,), jnp.float32)
   traced = f.trace(jax.new_ref(jnp.zeros(4)), jnp.ones(4), jnp.ones(4))
   assert [a.donated for a in jax.tree.leaves(traced.args_info)] == [False, True, True]
@@ -285,7 +286,7 @@ def test_refs_beside_donated_arrays_on_eight_devices(spec):
             jax.device_put(jnp.arange(n, dtype=jnp.float32), sharding),
             jax.device_put(-jnp.arange(n, dtype=jnp.float32), sharding))
 
-  f = donate.jit(swapped_beside_ref, donate_argnums=(1, 2))
+  f = donate.jit(swapped_beside_ref, donate_argnums=(1, 2), copy_threshold=0)
   plan = f.plan(*make())
   assert plan.aliases == {"out[0]": "b", "out[1]": "a"}
   assert plan.decisions[0].action == REF

@@ -60,16 +60,16 @@ def test_swapped_update_pairs_by_dataflow_on_every_sharding(case):
   make_mesh, spec, shape, give_out = CASES[case]
   sharding = NamedSharding(make_mesh(), spec)
   kwargs = dict(out_shardings=(sharding, sharding)) if give_out else {}
-  f = donate.jit(swapped, donate_argnums=(0, 1), **kwargs)
+  f = donate.jit(swapped, donate_argnums=(0, 1), copy_threshold=0, **kwargs)
   a, b = inputs(sharding, shape)
   want = jax.jit(swapped)(*inputs(sharding, shape))
   plan = f.plan(a, b)
   assert plan.aliases == {"out[0]": "b", "out[1]": "a"}, plan
   assert [d.action for d in plan.decisions] == ["aliased", "aliased"]
   compiled = f.lower(a, b).compile()
-  # The re-laid-out call returns a's new value first (its outputs reordered), so both inputs are
-  # aliased, parameter k -> output k; the pointers below show where each user output lives.
-  assert aliases(compiled) == {0: 0, 1: 1}
+  # Both inputs aliased, in the user's order: b (parameter 1) -> out[0], a -> out[1]; the
+  # pointers below show where each user output lives.
+  assert aliases(compiled) == {1: 0, 0: 1}
   # jax.jit's full copy is 2 x the per-device bytes; what is left is index arithmetic.
   assert compiled.memory_analysis().temp_size_in_bytes < 1024
   jax_temp = jax.jit(swapped, donate_argnums=(0, 1), **kwargs).lower(
@@ -105,7 +105,7 @@ def test_a_pair_whose_output_sharding_differs_is_unusable_warned_and_strict_rais
 def test_abstract_sharded_arguments_plan_and_lower_with_the_planned_aliases():
   sharding = NamedSharding(mesh_1d(), P("x"))
   spec = jax.ShapeDtypeStruct((N,), jnp.float32, sharding=sharding)
-  f = donate.jit(swapped, donate_argnums=(0, 1))
+  f = donate.jit(swapped, donate_argnums=(0, 1), copy_threshold=0)
   assert f.plan(spec, spec).aliases == {"out[0]": "b", "out[1]": "a"}
   text = f.lower(spec, spec).as_text()
   assert text.count("tf.aliasing_output") == 2

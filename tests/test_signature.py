@@ -37,37 +37,49 @@ def same_order(a, b):
   return a + 1.0, b * 2.0
 
 
-def test_jax_jits_own_pairing_runs_natively_and_a_better_one_relays_out():
-  native, _ = prepare(function(same_order, donate_argnums=(0, 1)), jnp.ones(4), jnp.ones(4))
-  assert native.native and native.inner is None and native.donated == {0, 1}
-  relaid, _ = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(4), jnp.ones(4))
-  assert not relaid.native and relaid.inner.out_order == (1, 0)
-  assert relaid.plan.pairs() == {1: 0, 0: 1}
+N = 2**14  # 64 KiB of float32: a pair that matters (copy_threshold)
+
+
+def test_jax_jits_own_pairing_runs_natively_and_a_better_one_realiases_its_lowering():
+  native, _ = prepare(function(same_order, donate_argnums=(0, 1)), jnp.ones(N), jnp.ones(N))
+  assert native.native and not native.realiased and native.donated == {0, 1}
+  better, _ = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(N), jnp.ones(N))
+  assert better.realiased and better.inner is None
+  assert better.plan.pairs() == {1: 0, 0: 1}
+
+
+def test_a_better_pairing_of_small_buffers_runs_as_jax_jit_does():
+  prep, _ = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(4), jnp.ones(4))
+  assert prep.native and not prep.realiased and prep.plan.pairs() == {0: 0, 1: 1}
+  assert any("differs from jax.jit's only in buffers under copy_threshold" in n
+             for n in prep.plan.notes)
+  prep, _ = prepare(function(swapped, donate_argnums=(0, 1), copy_threshold=0), jnp.ones(4),
+                    jnp.ones(4))
+  assert prep.realiased and prep.plan.pairs() == {1: 0, 0: 1}
 
 
 def test_compile_reads_the_aliases_xla_made_into_the_plan():
-  prep, call = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(4), jnp.ones(4))
+  prep, call = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(N), jnp.ones(N))
   assert prep.compiled is None
   compiled, plan = prep.compile(call)
   assert prep.compiled is compiled and prep.lowered is not None
   assert [d.action for d in plan.decisions] == ["aliased", "aliased"]
   assert prep.in_paths == ["a", "b"]
-  # The inner computation's outputs are reordered (b's update first), so its parameter k aliases
-  # its output k; the plan names the user's outputs.
-  assert _compiled._realized_aliases(compiled.as_text()) == {0: 0, 1: 1}
+  # The program keeps the user's results in order: parameter b aliases out[0], a out[1].
+  assert _compiled._realized_aliases(compiled.as_text()) == {1: 0, 0: 1}
   assert [d.output for d in plan.decisions] == ["out[1]", "out[0]"]
   assert plan.memory.temp == 0
 
 
 def test_run_gives_the_users_output_order_and_consumes_the_donated_leaves():
   fn = function(swapped, donate_argnums=(0, 1))
-  a, b = jnp.zeros(4), jnp.zeros(4)
+  a, b = jnp.zeros(N), jnp.zeros(N)
   prep, call = prepare(fn, a, b)
   prep.compile(call)
   pa, pb = a.unsafe_buffer_pointer(), b.unsafe_buffer_pointer()
   with fn.gate:
     x, y = prep.run((a, b), {}, call.leaves)
-  assert x.tolist() == [1.0, 0.0, 0.0, 0.0] and y.tolist() == [1.0] * 4
+  assert x[:2].tolist() == [1.0, 0.0] and y.tolist() == [1.0] * N
   assert (x.unsafe_buffer_pointer(), y.unsafe_buffer_pointer()) == (pb, pa)
   assert a.is_deleted() and b.is_deleted()
 

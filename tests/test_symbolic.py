@@ -93,7 +93,7 @@ totals (global arrays): requested (16*b + 32) B, reused (16*b + 32) B (symbolic:
 # ---- pairing -----------------------------------------------------------------------------------
 def test_swapped_update_pairs_by_dataflow_in_the_exported_module():
   a, b = export.symbolic_shape("a, b")
-  plan = donate.jit(swapped, donate_argnums=(0, 1)).trace(spec((a, b)), spec((a, b))).plan
+  plan = donate.jit(swapped, donate_argnums=(0, 1), copy_threshold=0).trace(spec((a, b)), spec((a, b))).plan
   assert [(d.path, d.action, d.output) for d in plan.decisions] == [
       ("a", "aliased", "out[1]"), ("b", "aliased", "out[0]")]
   ours, warned = exported(donate.jit, swapped, spec((a, b)), spec((a, b)), donate_argnums=(0, 1))
@@ -112,7 +112,8 @@ def test_swapped_update_pairs_by_dataflow_in_the_exported_module():
 
 
 def test_concrete_exports_pair_by_dataflow_too():
-  ours, _ = exported(donate.jit, swapped, spec((4,)), spec((4,)), donate_argnums=(0, 1))
+  ours, _ = exported(donate.jit, swapped, spec((4,)), spec((4,)), donate_argnums=(0, 1),
+                     copy_threshold=0)
   assert main_args(ours.mlir_module()) == [1, 0]
   got = ours.call(jnp.ones(4), jnp.zeros(4))
   np.testing.assert_array_equal(got[0], [1, 0, 0, 0])
@@ -210,7 +211,7 @@ def test_serialized_exports_keep_the_planned_aliases():
 
 def test_multi_platform_export_with_donation():
   b, = export.symbolic_shape("b")
-  f = donate.jit(swapped, donate_argnums=(0, 1))
+  f = donate.jit(swapped, donate_argnums=(0, 1), copy_threshold=0)
   exp = export.export(f, platforms=["cpu", "tpu"])(spec((b,)), spec((b,)))
   assert main_args(exp.mlir_module())[-2:] == [1, 0]  # after the platform index
   x, y = jnp.arange(3.0), jnp.arange(3.0) + 5

@@ -1,0 +1,125 @@
+"""How a planned signature runs: `jax.jit`'s own program, the gate's lowering with the plan's
+aliases, or a replay of a marked program (see `_signature`). Pure functions of the plan and the
+facts it was made from."""
+
+from __future__ import annotations
+
+import jax
+
+from donate import _donation_plan
+from donate import _pairing
+from donate._text import format_bytes
+
+
+def is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool) -> bool:
+  """Whether `jax.jit`'s own lowering makes the plan: same donated leaves, same pairs."""
+  if any(a.kind != "inner_jit" or options.adopt_inner for a in flow.annotations):
+    return False
+  used = [options.keep_unused or u for u in flow.used]
+  consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
+  jax_donated = [] if jax.config.jax_debug_nans else [i for i in requested if used[i]]
+  if not consumed <= set(jax_donated):
+    return False
+  fcfs = _pairing.fcfs_pairs(leaves, outputs, jax_donated)
+  planned = plan.pairs()
+  device = {i for i, l in enumerate(leaves) if l.kind != _donation_plan.HOST}
+  if xla_decides:
+    # jax.jit offers every donated input to XLA as a donor and XLA pairs them first come, first
+    # served after partitioning: jax.jit's own path makes the plan when its pairs agree with that.
+    return all(fcfs.get(i) == j for i, j in planned.items())
+  return {i: j for i, j in fcfs.items() if i in device} == planned
+
+
+def first_come_only(options, plan, leaves, requested, flow, has_layouts: bool,
+                     n_consts: int, replay: bool, native: bool) -> str:
+  """Why this call must pair first come, first served as `jax.jit` does (empty: it need not).
+
+  Custom layouts (an alias needs both sides laid out alike), hoisted constants in a replayed
+  program, and refs in `donate_argnums` (what `jax.jit` makes of them: a warning, or XLA's own
+  error) are left to `jax.jit`'s own lowering; so is a plan that differs from `jax.jit`'s only in
+  buffers under `copy_threshold`, whose copies cost less than running another program.
+  """
+  if native:
+    return ""
+  if has_layouts:
+    return "custom layouts, which only jax.jit's own lowering handles"
+  if replay and n_consts:
+    return "constants hoisted into arguments, which only jax.jit's own lowering handles"
+  if any(leaves[i].kind == _donation_plan.REF for i in requested):
+    return "jax.Refs in donate_argnums, which only jax.jit's own lowering handles"
+  differ = None if replay else _small_difference(plan, leaves, requested, flow, options)
+  if differ:
+    return (f"it differs from jax.jit's only in buffers under copy_threshold "
+            f"({format_bytes(options.copy_threshold)})")
+  return "" if differ is None else SAME_PAIRS
+
+
+def _small_difference(plan, leaves, requested, flow, options) -> set[int] | None:
+  """The leaves whose pairs differ from `jax.jit`'s first-come pairs when all of them are under
+  `copy_threshold` bytes and the plan donates nothing `jax.jit` does not, else None."""
+  jax_donated = [i for i in requested if options.keep_unused or flow.used[i]]
+  consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
+  if not consumed <= set(jax_donated):
+    return None
+  fcfs = _pairing.fcfs_pairs(leaves, plan.outputs, jax_donated)
+  planned = plan.pairs()
+  differ = {i for i in set(fcfs) | set(planned) if fcfs.get(i) != planned.get(i)}
+  small = all(isinstance(leaves[i].nbytes, int) and leaves[i].nbytes < options.copy_threshold
+              for i in differ)
+  return differ if small else None
+
+
+# `first_come_only`'s answer for a plan whose pairs are `jax.jit`'s own already (annotations that
+# changed nothing): `jax.jit` runs it, and the plan needs no note.
+SAME_PAIRS = "same pairs"
+
+
+def refs_beside_donors(plan, leaves, closed) -> bool:
+  """Whether a program in which `jax.jit` offers donated buffers to XLA as donors (`xla_decides`)
+  writes refs back: XLA may pair a donor with a ref's write-back and then rejects its own aliases
+  (an internal error on jax 0.10 and 0.12). The re-laid-out call states the shardings of the
+  planned pairs instead (`_signature._inner`)."""
+  refs = (any(l.kind == _donation_plan.REF for l in leaves)
+          or any(isinstance(c, jax.Ref) for c in closed.consts))
+  return refs and any(d.consumed for d in plan.decisions)
+
+
+def pinned_out_shardings(plan, leaves, out_sh) -> tuple:
+  """The output shardings of the re-laid-out call: each planned output that reuses a donated
+  buffer over several devices gets that buffer's sharding when none was given.
+
+  `jax.jit` makes an input/output alias only for an output whose sharding is stated; an output
+  left to sharding propagation gets its input as a mere donor, which XLA pairs first come, first
+  served after partitioning (the full copy dataflow pairing avoids). An output planned into a
+  buffer is computed from it in place, so it takes the buffer's sharding.
+  """
+  out_sh = list(out_sh)
+  for i, j in plan.pairs().items():
+    s = leaves[i].sharding_obj
+    if out_sh[j] is None and s is not None and num_devices(s) > 1:
+      out_sh[j] = s
+  return tuple(out_sh)
+
+
+def xla_decides(leaves, outputs) -> bool:
+  """Whether `jax.jit` offers every donated input to XLA as a donor, to pair after partitioning:
+  the program spans several devices and not every output sharding is stated."""
+  return any(o.sharding_obj is None for o in outputs) and _multi_device(leaves, outputs)
+
+
+def _multi_device(leaves, outputs) -> bool:
+  shardings = {}  # each sharding object once: a wide pytree's leaves share one or two
+  for x in (*leaves, *outputs):
+    s = x.sharding_obj
+    if s is not None:
+      shardings.setdefault(id(s), s)
+  return any(num_devices(s) > 1 for s in shardings.values())
+
+
+def num_devices(sharding) -> int:
+  """Devices a sharding spans; abstract meshes (no devices) count by their size."""
+  try:
+    return len(sharding.device_set)
+  except Exception:  # an AbstractMesh has no devices
+    mesh = getattr(sharding, "mesh", None)
+    return int(getattr(mesh, "size", 1) or 1)

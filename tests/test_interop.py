@@ -1,0 +1,144 @@
+"""`donate.jit`'s staged objects and executables where JAX's own APIs take `jax.jit`'s, on a
+re-paired signature (the swapped update, where donate pairs b -> out[0] and a -> out[1] and
+`jax.jit` pairs first come, first served): the same results, bitwise, and the user's output
+order everywhere, on one device and on eight."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.serialize_executable import deserialize_and_load, serialize
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import donate
+
+N = 1 << 16  # 256 KiB of float32: above copy_threshold, so donate re-pairs
+
+
+def swapped(a, b):
+  return b.at[0].set(1.0), a + 1.0
+
+
+def mesh8():
+  return jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+SHARDINGS = {
+    "1 device": lambda: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+    "8 devices": lambda: NamedSharding(mesh8(), P("x")),
+}
+
+
+def inputs(sharding):
+  a = jax.device_put(jnp.arange(N, dtype=jnp.float32), sharding)
+  b = jax.device_put(-jnp.arange(N, dtype=jnp.float32), sharding)
+  return a, b
+
+
+def compiled_pair(sharding, **kwargs):
+  ours = donate.jit(swapped, donate_argnums=(0, 1), **kwargs)
+  theirs = jax.jit(swapped, donate_argnums=(0, 1), **kwargs)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    return ours.lower(*inputs(sharding)).compile(), theirs.lower(*inputs(sharding)).compile()
+
+
+def pointers(x):
+  return [s.data.unsafe_buffer_pointer() for s in x.addressable_shards]
+
+
+def same(got, want):
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("where", SHARDINGS)
+def test_the_re_paired_program_keeps_the_users_output_order(where):
+  ours, _ = compiled_pair(SHARDINGS[where]())
+  assert ours.plan.aliases == {"out[0]": "b", "out[1]": "a"}
+  assert ours.memory_analysis().temp_size_in_bytes < 1024  # no copy of either buffer
+  a, b = inputs(SHARDINGS[where]())
+  pa, pb = pointers(a), pointers(b)
+  x, y = ours(a, b)
+  assert a.is_deleted() and b.is_deleted()
+  assert (pointers(x), pointers(y)) == (pb, pa)
+
+
+@pytest.mark.parametrize("where", SHARDINGS)
+def test_serialized_executables_give_jax_jits_results(where):
+  ours, theirs = compiled_pair(SHARDINGS[where]())
+  devices = jax.devices()[:8 if where == "8 devices" else 1]
+  loaded_ours = deserialize_and_load(*serialize(ours), execution_devices=devices)
+  loaded_theirs = deserialize_and_load(*serialize(theirs), execution_devices=devices)
+  same(loaded_ours(*inputs(SHARDINGS[where]())), loaded_theirs(*inputs(SHARDINGS[where]())))
+  same(loaded_ours(*inputs(SHARDINGS[where]())), jax.jit(swapped)(*inputs(SHARDINGS[where]())))
+
+
+@pytest.mark.parametrize("where", SHARDINGS)
+def test_per_output_facts_are_the_users(where):
+  ours, theirs = compiled_pair(SHARDINGS[where]())
+  for name in ("out_info", "output_shardings", "output_formats", "input_shardings",
+               "input_formats", "in_tree", "out_tree", "args_info"):
+    assert str(getattr(ours, name)) == str(getattr(theirs, name)), name
+  assert ours.cost_analysis().keys() == theirs.cost_analysis().keys()
+  # The runtime executable returns the user's outputs in order too.
+  flat = ours.runtime_executable().execute_sharded(list(inputs(SHARDINGS[where]())))
+  outs = flat.disassemble_into_single_device_arrays()
+  assert np.asarray(outs[0][0])[0] == 1.0 and np.asarray(outs[1][0])[0] == 1.0
+  assert np.asarray(outs[0][0])[1] == -1.0 and np.asarray(outs[1][0])[1] == 2.0
+  text = ours.as_text()
+  assert "input_output_alias={ {0}: (1, {}, may-alias), {1}: (0, {}, may-alias) }" in text
+
+
+@pytest.mark.parametrize("where", SHARDINGS)
+def test_compiled_with_in_shardings_and_called_again(where):
+  sharding = SHARDINGS[where]()
+  ours, theirs = compiled_pair(sharding, in_shardings=(sharding, sharding))
+  same(ours(*inputs(sharding)), theirs(*inputs(sharding)))
+  same(ours(*inputs(sharding)), theirs(*inputs(sharding)))
+
+
+def test_jax_export_of_a_re_paired_signature():
+  spec = jax.ShapeDtypeStruct((N,), jnp.float32)
+  exported = jax.export.export(donate.jit(swapped, donate_argnums=(0, 1)))(spec, spec)
+  again = jax.export.deserialize(exported.serialize())
+  same(again.call(*inputs(SHARDINGS["1 device"]())), jax.jit(swapped)(*inputs(
+      SHARDINGS["1 device"]())))
+  assert "tf.aliasing_output = 1" in exported.mlir_module()
+
+
+_CACHE_RUN = """
+import sys, jax, jax.numpy as jnp, numpy as np, donate
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+swapped = lambda a, b: (b.at[0].set(1.0), a + 1.0)
+a, b = jnp.arange(2.0**16), -jnp.arange(2.0**16)
+pb = b.unsafe_buffer_pointer()
+x, y = donate.jit(swapped, donate_argnums=(0, 1))(a, b)
+want = jax.jit(swapped)(jnp.arange(2.0**16), -jnp.arange(2.0**16))
+assert np.array_equal(x, want[0]) and np.array_equal(y, want[1])
+assert x.unsafe_buffer_pointer() == pb and a.is_deleted()
+print("ok")
+"""
+
+
+def test_persistent_compilation_cache_hits_give_the_same_results(tmp_path):
+  """Two processes share a persistent cache: the second one's program is a cache hit (the
+  cache is process-wide once set, so each run is a process of its own)."""
+  import subprocess
+  import sys
+  cache = tmp_path / "cache"
+  for run in range(2):
+    done = subprocess.run([sys.executable, "-c", _CACHE_RUN, str(cache)], capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ,
+                                                       "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    entries = sorted(p.name for p in cache.iterdir())
+    if run == 0:
+      first = entries
+      assert first  # written by the first run
+  assert entries == first  # the second run read them and wrote nothing new
