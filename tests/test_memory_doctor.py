@@ -197,12 +197,29 @@ def test_each_advice_figure_is_a_compile():
   direct = donate.memory_profile(jax.jit(mlp_step, donate_argnums=0), *mlp_args())
   assert donation.peak_bytes == direct.peak_bytes
   assert donation.saving_bytes == p.peak_bytes - direct.peak_bytes > 0
-  option = next(a for a in items if "xla_cpu_enable_concurrency_optimized_scheduler" in a.how)
+  option = next(a for a in items if "xla_cpu_scheduler_type" in a.how)
   compiled = jax.jit(mlp_step).lower(*mlp_args()).compile(
-      compiler_options={"xla_cpu_enable_concurrency_optimized_scheduler": False})
+      compiler_options={"xla_cpu_scheduler_type": MEMORY_SCHEDULER})
   assert option.peak_bytes == donate.memory_profile(compiled).peak_bytes
   assert option.saving_bytes == p.peak_bytes - option.peak_bytes
   assert all(a.peak_bytes is not None for a in items if "checkpoint" not in a.how)
+
+
+MEMORY_SCHEDULER = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+
+
+def test_the_memory_scheduler_lowers_a_step_s_peak_measured():
+  d = 512
+  params = {"wi": jnp.full((d, 4 * d), 0.01), "wo": jnp.full((4 * d, d), 0.01)}
+  args = (params, params, jnp.ones((512, d)))
+  jitted = jax.jit(momentum_step, donate_argnums=(0, 1))
+  p = donate.memory_profile(jitted, *args)
+  [option] = [a for a in p.advice() if "xla_cpu_scheduler_type" in a.how]
+  direct = jitted.lower(*args).compile(compiler_options={"xla_cpu_scheduler_type":
+                                                         MEMORY_SCHEDULER})
+  assert option.peak_bytes == donate.memory_profile(direct).peak_bytes < p.peak_bytes
+  assert option.saving_bytes == p.peak_bytes - option.peak_bytes > 0
+  assert "lowers the peak" in str(option)
 
 
 def test_checkpoint_advice_states_the_lines_of_the_residuals():
@@ -310,7 +327,7 @@ def test_advice_of_a_donate_jit_compiled_is_measured():
   p = compiled.memory_profile()
   [option] = p.advice()[:1]
   direct = jax.jit(mlp_step, donate_argnums=0).lower(*mlp_args()).compile(
-      compiler_options={"xla_cpu_enable_concurrency_optimized_scheduler": False})
+      compiler_options={"xla_cpu_scheduler_type": MEMORY_SCHEDULER})
   assert option.peak_bytes == donate.memory_profile(direct).peak_bytes
   assert {e.path: e.category for e in p.at_peak if e.kind == "argument"}["params['w1']"] == \
       "parameters"

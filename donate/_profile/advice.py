@@ -24,8 +24,8 @@ from donate._text import format_bytes
 
 # backend -> (change in words, option, value): XLA DebugOptions that move the peak.
 OPTIONS = {
-    "cpu": (("schedule for memory, not concurrency",
-             "xla_cpu_enable_concurrency_optimized_scheduler", False),),
+    "cpu": (("schedule for memory, not concurrency", "xla_cpu_scheduler_type",
+             "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"),),
     "gpu": (("turn off the latency-hiding scheduler (it keeps more buffers live to overlap "
              "communication)", "xla_gpu_enable_latency_hiding_scheduler", False),
             ("turn on the latency-hiding scheduler", "xla_gpu_enable_latency_hiding_scheduler",
