@@ -383,3 +383,38 @@ def test_the_cli_runs_a_module(tmp_path):
   usage = subprocess.run([sys.executable, "-m", "donate.profile"], capture_output=True,
                          text=True, env=env, timeout=600)
   assert usage.returncode == 2 and "usage: python -m donate.profile" in usage.stderr
+
+
+def layer(h, w):
+  return jnp.tanh(h @ w)  # repeated: each call's residual
+
+
+def deep_step(params, mu, x):
+  def loss(p):
+    h = x
+    for w in p:
+      h = layer(h, w)
+    return jnp.mean(h ** 2)
+  grads = jax.grad(loss)(params)
+  norm = jnp.sqrt(sum(jnp.sum(g * g) for g in grads))  # clipping: every gradient at once
+  grads = [g / jnp.maximum(norm, 1.0) for g in grads]
+  mu = jax.tree.map(lambda m, g: 0.9 * m + g, mu, grads)
+  return jax.tree.map(lambda w, m: w - 0.01 * m, params, mu), mu
+
+
+def test_a_repeated_layer_s_activations_gradients_and_optimizer_state_at_one_peak():
+  """Four calls of one layer: its residuals counted per line ("3 x 2.0 MiB, layer() at ..."),
+  beside a gradient held for the clipping, the parameters and the momentum."""
+  d = 512
+  params = [jnp.full((d, d), 0.01) for _ in range(4)]
+  p = donate.memory_profile(jax.jit(deep_step, donate_argnums=(0, 1)), params, params,
+                            jnp.ones((1024, d)))
+  _check_sums(p)
+  keys = {g.key for g in p.by_category()}
+  assert {"activations", "gradients", "parameters", "optimizer state", "inputs"} <= keys
+  where = f"{THIS}:{_line('repeated: each call')}"
+  [row] = [r for r in p.by_line() if r.source.endswith(where) and r.category == "activations"]
+  assert row.count >= 2 and row.bytes == row.count * 1024 * d * 4
+  assert str(row) == f"{row.count} x 2.0 MiB, layer() at {where} (activations)"
+  grads = [e for e in p.at_peak if e.category == "gradients"]
+  assert all(e.bytes == d * d * 4 for e in grads)

@@ -73,9 +73,8 @@ class Program:
 
 
 def _checkpoint_lines(profile) -> list[Advice]:
-  from donate._profile import model
-  lines = model.lines([e for e in profile.at_peak if e.category == "activations"])
-  acts = sum(r.bytes for r in lines)
+  lines = [r for r in profile.by_line() if r.category == "activations"]
+  acts = sum(g.bytes for g in profile.by_category() if g.key == "activations")
   if not lines or acts * 4 < profile.peak_bytes:  # activations do not dominate the peak
     return []
   return [Advice(f"recompute {r} in the backward pass instead of saving it",

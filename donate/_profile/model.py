@@ -128,8 +128,8 @@ class Group:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Line:
-  """Bytes at the peak made at one source line: `count` layers' values (a scanned layer's stacked
-  residual counts its trip count), the category that holds most of them.
+  """Bytes of one category at the peak made at one source line: `count` layers' values (a
+  scanned layer's stacked residual counts its trip count).
 
   >>> str(Line("model.py:3", "layer", 32 << 20, 4, "activations"))
   '4 x 8.0 MiB, layer() at model.py:3 (activations)'
@@ -149,20 +149,16 @@ class Line:
 
 
 def lines(entries) -> tuple[Line, ...]:
-  """The entries grouped by source line (those without one left out), largest first."""
-  found: dict[str, list] = {}
+  """The entries grouped by source line and category (those without a line left out), largest
+  first."""
+  found: dict[tuple[str, str], list] = {}
   for e in entries:
     if e.source is not None:
-      found.setdefault(e.source, []).append(e)
-  rows = []
-  for source, es in found.items():
-    by_category: dict[str, int] = {}
-    for e in es:
-      by_category[e.category] = by_category.get(e.category, 0) + e.bytes
-    rows.append(Line(source, next((e.function for e in es if e.function), None),
-                     sum(e.bytes for e in es), sum(e.repeat for e in es),
-                     max(by_category, key=lambda c: (by_category[c], c))))
-  return tuple(sorted(rows, key=lambda r: (-r.bytes, r.source)))
+      found.setdefault((e.source, e.category), []).append(e)
+  rows = [Line(source, next((e.function for e in es if e.function), None),
+               sum(e.bytes for e in es), sum(e.repeat for e in es), category)
+          for (source, category), es in found.items()]
+  return tuple(sorted(rows, key=lambda r: (-r.bytes, r.source, r.category)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -168,8 +168,9 @@ class MemoryProfile:
     return model.group(self.at_peak, lambda e: e.category)
 
   def by_line(self) -> tuple[model.Line, ...]:
-    """The bytes at the peak by the user's source line, with how many layers' values each holds
-    (`str()`: "6 x 96.0 KiB, layer() at model.py:3 (activations)"), largest first."""
+    """The bytes at the peak by the user's source line and category, with how many layers'
+    values each holds (`str()`: "6 x 96.0 KiB, layer() at model.py:3 (activations)"), largest
+    first."""
     return model.lines(self.at_peak)
 
   def measure(self) -> "MemoryProfile":
