@@ -28,7 +28,6 @@ def realize(prep, lowered, compiled, copy_threshold: int,
   offset = n_params - len(kept) - n_refs  # effect tokens and hoisted constants come first
   n_out_tokens = offset - n_consts
   n_outputs = len(prep.plan.outputs)  # then the results; refs' write-backs end the results
-  order = None if prep.native else prep.inner.out_order
   text = compiled.as_text()
   # `kept` counts the traced constants (closed-over tracers) ahead of the argument leaves.
   n_traced = _compat.traced_num_consts(prep.traced)
@@ -45,10 +44,10 @@ def realize(prep, lowered, compiled, copy_threshold: int,
       continue
     if not 0 <= k < n_outputs:
       continue  # a ref written back into its own buffer
-    realized[leaf[param - offset]] = order[k] if order is not None else k
+    realized[leaf[param - offset]] = k
   shardings = _sharding_differences(prep, compiled, realized)
   memory = _donation_plan.MemoryStats.from_compiled(compiled) if with_copies else None
-  plan = prep.plan.realize(realized, memory, shardings)
+  plan = prep.plan.realize(realized, memory, shardings, _reused_shardings(prep, compiled, realized))
   placements = None
   if prep.placement is not None:  # a GPU target with marked values: where did they land?
     placements = _symm.placement_report(text, prep.comm)
@@ -114,11 +113,6 @@ def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]
     return {}
   ins = tree_util.tree_leaves(compiled.input_shardings)
   outs = _compat.compiled_output_shardings(compiled, len(prep.plan.outputs))
-  if prep.inner is not None and prep.inner.out_order is not None:
-    user = [None] * len(outs)
-    for k, j in enumerate(prep.inner.out_order):
-      user[j] = outs[k]
-    outs = user
   pairs = prep.plan.pairs()
   result = {}
   for i in missing:
@@ -127,6 +121,17 @@ def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]
         b, len(prep.plan.decisions[i].shape)):
       result[i] = (_donation_plan.sharding_str(a), _donation_plan.sharding_str(b))
   return result
+
+
+def _reused_shardings(prep, compiled, realized) -> dict[str, str]:
+  """The compiled sharding of each output XLA put into a donor's buffer, by output path."""
+  donors = [i for i, d in enumerate(prep.plan.decisions)
+            if d.action == _donation_plan.DONOR and i in realized]
+  if not donors:
+    return {}
+  outs = _compat.compiled_output_shardings(compiled, len(prep.plan.outputs))
+  return {prep.plan.outputs[realized[i]].path: _donation_plan.sharding_str(outs[realized[i]])
+          for i in donors if realized[i] < len(outs) and outs[realized[i]] is not None}
 
 
 def _main_param_count(lowered) -> int:

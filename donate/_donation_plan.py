@@ -221,11 +221,14 @@ class DonationPlan:
     return {i: index[d.output] for i, d in enumerate(self.decisions) if d.action == ALIASED}
 
   def realize(self, realized: dict[int, int], memory: MemoryStats | None,
-              shardings: dict[int, tuple[str, str]] | None = None) -> "DonationPlan":
+              shardings: dict[int, tuple[str, str]] | None = None,
+              out_shardings: dict[int, str] | None = None) -> "DonationPlan":
     """Folds in what the compiled program does: realized[leaf index] = output index it aliases.
 
     A planned alias XLA did not make becomes "unusable" with the reason (`shardings[i]` gives the
-    compiled input and output sharding when they differ); a donor XLA reused becomes "aliased".
+    compiled input and output sharding when they differ); a donor XLA reused becomes "aliased",
+    with what differs between it and the output (`out_shardings[path]`: the compiled sharding
+    of the output, where known).
     """
     decisions = list(self.decisions)
     shardings = shardings or {}
@@ -240,8 +243,9 @@ class DonationPlan:
           decisions[i] = dataclasses.replace(d, action=UNUSABLE, output=None,
                                              reason=_not_made(d.output, shardings.get(i)))
       elif d.action == DONOR:
-        reason = (f"XLA reuses it for {got_path} (same size, other shape or dtype)" if got_path
-                  else "offered to XLA as a donor, but XLA reused it for no output; it stays alive")
+        reason = (f"XLA reuses it for {got_path} ({_differences(d, self.outputs[got], out_shardings)})"
+                  if got_path else
+                  "offered to XLA as a donor, but XLA reused it for no output; it stays alive")
         decisions[i] = dataclasses.replace(
             d, output=got_path, reason=reason, action=ALIASED if got_path else UNUSABLE)
     return dataclasses.replace(self, decisions=tuple(decisions), memory=memory, compiled=True)
@@ -364,6 +368,24 @@ def _wrap(lines: Sequence[str], indent: str = "    ") -> list[str]:
 
 def _type(d) -> str:
   return f"{d.dtype}[{','.join(map(str, d.shape))}]"
+
+
+def _differences(d: "LeafDecision", out: OutputInfo, out_shardings: dict[int, str] | None) -> str:
+  """What differs between a donated leaf and the output XLA put in its buffer, in words."""
+  fields = []
+  if tuple(out.shape) != tuple(d.shape):
+    fields.append(f"shape {shape_text(out.shape)} vs {shape_text(d.shape)}")
+  if out.dtype != d.dtype:
+    fields.append(f"dtype {out.dtype} vs {d.dtype}")
+  compiled = (out_shardings or {}).get(out.path)
+  sharding = compiled or (sharding_str(out.sharding_obj) if out.sharding_obj is not None else None)
+  if sharding is not None and sharding != d.sharding:
+    fields.append(f"sharding {sharding} vs {d.sharding}")
+  if fields:
+    return ", ".join(fields)
+  if sharding is None:
+    return "same shape and dtype; its sharding was known only after partitioning"
+  return "same shape, dtype and sharding"
 
 
 def shape_text(shape) -> str:

@@ -117,3 +117,14 @@ def test_in_order_outputs_on_a_mesh_run_on_jax_jits_own_path():
   a, b = inputs(sharding)
   f(a, b)
   assert all(p.native for p in f._fast.values())
+
+
+def test_a_donor_xla_reuses_says_what_differs_from_its_output():
+  """XLA puts a.T into a's buffer after partitioning: the reason names the shardings compared,
+  not a fixed text."""
+  a = jax.device_put(jnp.ones((512, 512)), NamedSharding(mesh_1d(), P("x")))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    d = donate.jit(lambda a: a.T, donate_argnums=0).plan(a).decisions[0]
+  assert d.action == "aliased" and d.output == "out"
+  assert d.reason.startswith("XLA reuses it for out (sharding P(None, 'x') vs P('x'))"), d.reason
