@@ -128,8 +128,9 @@ def text(p) -> str:
            f"  {p.attributed_fraction():.0%} of the bytes at the peak carry a source line or "
            "a path", "", "at the peak:"]
   lines += ["  " + ln for ln in _table(p)]
-  lines += ["", "by category:"] + [f"  {size(g.bytes):>10}  {g.key} ({g.count} buffers)"
-                                   for g in p.by_category()]
+  lines += ["", "by category:"] + [
+      f"  {size(g.bytes):>10}  {g.key} ({g.count} buffer{'s' if g.count != 1 else ''})"
+      for g in p.by_category()]
   lines += ["", "by source line:"] + [f"  {size(r.bytes):>10}  {_clip(str(r), WIDTH - 14)}"
                                       for r in p.by_line()[:6]]
   lines += ["", "by scope:"] + [f"  {size(g.bytes):>10}  {_clip(g.key, WIDTH - 14)}"
