@@ -1,7 +1,13 @@
-"""What donate.jit costs on wide pytrees: fresh `lower()` and first call against `jax.jit`'s.
+"""What donate.jit costs on wide pytrees: fresh `lower()`, first call and cached call against
+`jax.jit`'s, on both of donate's paths.
 
 A dict of N float32[64] leaves, all donated, each output computed from one input (`x * 2 + 1`),
-for N = 10, 100, 1000, 10000. Every sample builds fresh functions (no cache helps either side)
+for N = 10, 100, 1000, 10000. On the "native" path output k is computed from input k (the pairs
+first come, first served gives: `jax.jit`'s own program runs); on the "re-paired" path output k is
+computed from input N-1-k, so donate pairs every leaf otherwise than `jax.jit` (with
+`copy_threshold=0`: these 256-byte leaves are under the default 64 KiB) and runs the gate's own
+lowering with its aliases set. The cached call times a loop of calls that feed each call's result
+to the next (median ratio of paired runs). Every sample builds fresh functions (no cache helps either side)
 and runs one of each back to back, `jax.jit` first ("in order") or donate.jit first
 ("swapped"); the table gives the median ratio over the pairs. Each sample starts after
 `gc.collect()`, so a full collection that the previous sample's garbage made due (about 50 ms at
@@ -11,6 +17,7 @@ work (planning, `_signature.prepare`, and reading the compiled program back,
 `_compiled.realize`) within the first call of a 24-layer transformer training step (unscanned:
 one parameter and one momentum leaf per weight). Run:
   python benchmarks/bench_pytree_cost.py [--sizes 10,100,1000,10000] [--repeats 7] [--layers 24]
+      [--paths native,re-paired]
 """
 
 from __future__ import annotations
@@ -29,38 +36,63 @@ from donate import _demo
 from donate import _signature
 
 
-def _step_factory(shift: float):
-  def step(params):
-    return {k: v * 2.0 + shift for k, v in params.items()}
+def _step_factory(shift: float, repaired: bool = False):
+  if not repaired:
+    def step(params):
+      return {k: v * 2.0 + shift for k, v in params.items()}
+  else:
+    def step(params):
+      keys = sorted(params)
+      return {k: params[j] * 2.0 + shift for k, j in zip(keys, reversed(keys))}
   return step
+
+
+PATHS = {"native": {}, "re-paired": {"copy_threshold": 0}}
+
+
+def _jit_for(jit, path: str):
+  extra = PATHS[path] if jit is donate.jit else {}
+  return lambda fun, **kw: jit(fun, **kw, **extra)
 
 
 def _params(n: int) -> dict:
   return {f"w{i:05d}": jnp.full((64,), float(i)) for i in range(n)}
 
 
-def _once(jit, n: int, what: str, shift: float) -> float:
-  g = jit(_step_factory(shift), donate_argnums=0)
+CACHED_CALLS = 200
+
+
+def _once(jit, n: int, what: str, shift: float, path: str) -> float:
+  g = _jit_for(jit, path)(_step_factory(shift, path == "re-paired"), donate_argnums=0)
   params = _params(n)
   jax.block_until_ready(params)
+  if what == "cached call":
+    for _ in range(20):
+      params = g(params)
+    jax.block_until_ready(params)
   gc.collect()  # every sample starts from the same heap: no collection the other side left due
   t0 = time.perf_counter()
   if what == "lower()":
     g.lower(params)
-  else:
+  elif what == "first call":
     jax.block_until_ready(g(params))
+  else:
+    for _ in range(CACHED_CALLS):
+      params = g(params)
+    jax.block_until_ready(params)
+    return (time.perf_counter() - t0) / CACHED_CALLS
   return time.perf_counter() - t0
 
 
-def measure(n: int, what: str, repeats: int) -> dict[str, float]:
+def measure(n: int, what: str, repeats: int, path: str = "native") -> dict[str, float]:
   """Median ratio donate/jax over `repeats` pairs, for each order, and the median times."""
   ratios = {"in order": [], "swapped": []}
   ours, theirs = [], []
   for k in range(repeats):
     for order in ratios:
       first, second = (jax.jit, donate.jit) if order == "in order" else (donate.jit, jax.jit)
-      t1 = _once(first, n, what, 2.0 * k + 0.25)
-      t2 = _once(second, n, what, 2.0 * k + 0.75)
+      t1 = _once(first, n, what, 2.0 * k + 0.25, path)
+      t2 = _once(second, n, what, 2.0 * k + 0.75, path)
       t_jax, t_ours = (t1, t2) if first is jax.jit else (t2, t1)
       ratios[order].append(t_ours / t_jax)
       ours.append(t_ours)
@@ -69,14 +101,17 @@ def measure(n: int, what: str, repeats: int) -> dict[str, float]:
           **{o: statistics.median(r) for o, r in ratios.items()}}
 
 
-def table(sizes, repeats: int) -> str:
-  head = ("leaves", "stage", "donate.jit ms", "jax.jit ms", "ratio in order", "ratio swapped")
+def table(sizes, repeats: int, paths=tuple(PATHS)) -> str:
+  head = ("leaves", "path", "stage", "donate.jit ms", "jax.jit ms", "ratio in order",
+          "ratio swapped")
   rows = []
   for n in sizes:
-    for what in ("lower()", "first call"):
-      m = measure(n, what, repeats if n < 10_000 else max(3, repeats // 2))
-      rows.append((str(n), what, f"{m['donate ms']:.1f}", f"{m['jax ms']:.1f}",
-                   f"{m['in order']:.2f}x", f"{m['swapped']:.2f}x"))
+    for path in paths:
+      for what in ("lower()", "first call", "cached call"):
+        m = measure(n, what, repeats if n < 10_000 else max(3, repeats // 2), path)
+        digits = 3 if what == "cached call" else 1
+        rows.append((str(n), path, what, f"{m['donate ms']:.{digits}f}",
+                     f"{m['jax ms']:.{digits}f}", f"{m['in order']:.2f}x", f"{m['swapped']:.2f}x"))
   widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
   line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
   return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
@@ -156,9 +191,11 @@ def main(argv=None) -> None:
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--layers", type=int, default=24)
   parser.add_argument("--own-repeats", type=int, default=1)
+  parser.add_argument("--paths", default=",".join(PATHS))
   args = parser.parse_args(argv)
   print(f"Machine: {_demo.machine()}\n")
-  print(table([int(s) for s in args.sizes.split(",")], args.repeats), "\n")
+  print(table([int(s) for s in args.sizes.split(",")], args.repeats,
+              tuple(args.paths.split(","))), "\n")
   print(own_share(args.layers, args.own_repeats))
 
 

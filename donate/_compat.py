@@ -211,9 +211,10 @@ def lowered_with_aliases(jax_lowered, n_traced: int, managed: set[int],
   lowering = jax_lowered._lowering
   kept = sorted(lowering.compile_args["kept_var_idx"])
   ir = _mlir.ir
-  context = _mlir.make_ir_context()
+  original = lowering.stablehlo()
+  context = original.context  # the lowering's own (a new context costs milliseconds)
   with context, ir.Location.unknown(context):
-    module = ir.Module.parse(_mlir.module_to_bytecode(lowering.stablehlo()))
+    module = ir.Module.parse(_mlir.module_to_bytecode(original))
     main = ir.SymbolTable(module.operation)["main"]
     n_args = len(main.arguments) - lowered_closed_over_refs(jax_lowered)
     if n_args < len(kept) or "arg_attrs" not in main.attributes:

@@ -66,16 +66,30 @@ class Dataflow:
   out_sources: tuple[dict[int, int], ...]
   out_explicit: tuple[frozenset[int], ...]  # per output: inputs an explicit alias puts it in
   used: tuple[bool, ...]
-  hosting: "Hosting | None" = dataclasses.field(default=None, compare=False)
+  hosting: "LazyHosting | None" = dataclasses.field(default=None, compare=False)
 
   def can_host(self, i: int, j: int) -> bool:
     """Whether input i's buffer can take output j without a copy: no operation that depends on
     output j still reads input i, and input i is not itself returned (True when unknown)."""
-    return self.hosting is None or not self.hosting.blocked(i, j)
+    return self.hosting is None or not self.hosting.get().blocked(i, j)
 
   def dies_into(self, i: int, j: int) -> bool:
     """Whether every operation reading input i comes before output j is made."""
-    return self.hosting is not None and self.hosting.dies(i, j)
+    return self.hosting is not None and self.hosting.get().dies(i, j)
+
+
+class LazyHosting:
+  """A program's `Hosting`, walked when first asked (most plans never ask: see `_pairing._pair`)."""
+
+  __slots__ = ("_jaxpr", "_skip", "_hosting")
+
+  def __init__(self, jaxpr, skip: int):
+    self._jaxpr, self._skip, self._hosting = jaxpr, skip, None
+
+  def get(self) -> "Hosting":
+    if self._hosting is None:
+      self._hosting = Hosting(self._jaxpr, self._skip)
+    return self._hosting
 
 
 def _cap(sources: dict[int, int], cap: int) -> dict[int, int]:
@@ -272,7 +286,7 @@ def analyze(closed: jcore.ClosedJaxpr, skip: int = 0) -> Dataflow:
   # one is not named does dead-code elimination decide whether anything reads it.
   named = set().union(*sources)
   used = ((True,) * n if len(named) == n else tuple(_compat.used_inputs(jaxpr)[skip:]))
-  return Dataflow(tuple(walker.annotations), plain, explicit, used, Hosting(jaxpr, skip))
+  return Dataflow(tuple(walker.annotations), plain, explicit, used, LazyHosting(jaxpr, skip))
 
 
 class Hosting:

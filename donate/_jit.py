@@ -2,8 +2,9 @@
 
 Every `donate.jit` holds a real `jax.jit` of the user's function with the user's own keywords (the
 *gate*, `_gate`). JAX validates the keywords, binds and traces each call exactly as `jax.jit` does;
-donate reads the traced jaxpr and plans every leaf (`_signature.prepare`), then either the gate
-itself or a re-laid-out inner `jax.jit` runs the call (see `_signature`). The gate's traced
+donate reads the traced jaxpr and plans every leaf (`_signature.prepare`), then the gate itself,
+its lowering with the plan's aliases, or a replay of a marked program runs the call (see
+`_signature`). The gate's traced
 functions raise `_gate.Replan` unless donate's slow path opened them, so a signature donate has not
 planned never runs unplanned: cached calls go straight to `jax.jit`'s C++ dispatch, and a new
 signature falls back here.
@@ -68,6 +69,7 @@ class JitWrapped:
     # A function JAX cannot reference weakly gets exactly jax.jit's behaviour, whatever it is.
     self._plain_only = self._gated.strong
     self._native_only = False  # every signature so far runs on the gate: skip flattening
+    self._single = None  # the compiled program of the one re-paired signature, if that is all
     self._fast: dict[Any, _signature.Prepared] = {}
     self._prepared: dict[Any, _signature.Prepared] = {}
     self._into: JitWrapped | None = None
@@ -85,6 +87,12 @@ class JitWrapped:
     try:  # inside another trace too: a cache hit there carries the donation (see _primitives)
       if self._native_only:  # jax.jit's own C++ dispatch, nothing in between
         return fn.jitted(*args, **kwargs) if kwargs else fn.jitted(*args)
+      single = self._single
+      if single is not None:  # one re-paired signature: its compiled program checks the call
+        try:
+          return single(*args, **kwargs) if kwargs else single(*args)
+        except (TypeError, ValueError):  # another signature (checked before anything runs)
+          pass
       if self._fast:
         call = fn.binding.bind(args, kwargs)
         prep = self._fast.get(call.key)
@@ -116,6 +124,8 @@ class JitWrapped:
     with self._lock:
       self._fast[prep.call.key] = prep
       self._native_only = all(p.native and not p.realiased for p in self._fast.values())
+      only = len(self._fast) == 1 and prep.realiased and not self._fn.binding.has_static
+      self._single = prep.compiled if only else None
     return out
 
   def _nested(self, args, kwargs):
@@ -200,6 +210,7 @@ class JitWrapped:
       self._prepared.clear()
       self._fast.clear()
       self._native_only = False
+      self._single = None
 
   def _cache_size(self) -> int:
     """How many compiled signatures this function holds (`jax.jit`'s `_cache_size()`)."""

@@ -162,14 +162,23 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
   XLA: its sharding is only known after partitioning.
   """
   donated_set = set(donated)
-  linked = []
+  candidates = []
   for j, out in enumerate(outputs):
     sources = flow.out_sources[j]
     if flow.out_explicit[j]:
       sources = {**sources, **dict.fromkeys(flow.out_explicit[j], _dataflow.EXPLICIT)}
-    for i, strength in sources.items():
-      if (strength > 0 and i in donated_set and _compatible(leaves[i], out)
-          and (strength >= _dataflow.EXPLICIT or flow.can_host(i, j))):
+    candidates.append([(i, s) for i, s in sources.items()
+                       if s > 0 and i in donated_set and _compatible(leaves[i], out)])
+  links = collections.Counter(i for c in candidates for i, _ in c)
+  linked = []
+  for j, found in enumerate(candidates):
+    # One input linked to this output alone: first come, first served pairs the same, so
+    # liveness cannot make it worse, and the walk it needs is saved (wide pytrees' common case).
+    alone = len(found) == 1 and links[found[0][0]] == 1
+    for i, strength in found:
+      if alone:
+        linked.append((-strength, False, j, i))
+      elif strength >= _dataflow.EXPLICIT or flow.can_host(i, j):
         linked.append((-strength, not flow.dies_into(i, j), j, i))
   pairs, taken = {}, set()
   for neg, _, j, i in sorted(linked):
@@ -184,7 +193,7 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     if j in taken or not queue or (xla_decides and out.sharding_obj is None):
       continue
     k = next((k for k, i in enumerate(queue)
-              if _compatible(leaves[i], out) and flow.can_host(i, j)), None)
+              if _compatible(leaves[i], out) and (len(queue) == 1 or flow.can_host(i, j))), None)
     if k is not None:
       pairs[queue.pop(k)] = (j, 0)
       taken.add(j)

@@ -77,7 +77,7 @@ SAME_PAIRS = "same pairs"
 def refs_beside_donors(plan, leaves, closed) -> bool:
   """Whether a program in which `jax.jit` offers donated buffers to XLA as donors (`xla_decides`)
   writes refs back: XLA may pair a donor with a ref's write-back and then rejects its own aliases
-  (an internal error on jax 0.10 and 0.12). The re-laid-out call states the shardings of the
+  (an internal error on jax 0.10 and 0.12). The replayed call states the shardings of the
   planned pairs instead (`_signature._inner`)."""
   refs = (any(l.kind == _donation_plan.REF for l in leaves)
           or any(isinstance(c, jax.Ref) for c in closed.consts))
@@ -85,7 +85,7 @@ def refs_beside_donors(plan, leaves, closed) -> bool:
 
 
 def pinned_out_shardings(plan, leaves, out_sh) -> tuple:
-  """The output shardings of the re-laid-out call: each planned output that reuses a donated
+  """The output shardings of the replayed call: each planned output that reuses a donated
   buffer over several devices gets that buffer's sharding when none was given.
 
   `jax.jit` makes an input/output alias only for an output whose sharding is stated; an output

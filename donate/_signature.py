@@ -63,7 +63,7 @@ class Function:
 
 @dataclasses.dataclass(eq=False)
 class Inner:
-  """The re-laid-out computation of one signature: a `jax.jit` over the flat leaves."""
+  """The replay of one signature's marked program: a `jax.jit` over the flat leaves."""
   jitted: Callable
   out_tree: Any
   out_order = None  # results come in the user's order

@@ -2,9 +2,10 @@
 
 Each wraps the `jax.stages` object that really does the work and answers every member of it
 (`args_info`, `out_info`, `in_tree`, `cost_analysis`, `input_shardings`, `runtime_executable`,
-...), in terms of the user's own arguments and outputs, plus the donation `plan`. When `jax.jit`
-runs the signature itself the answers are its own; when donate re-laid the call out (a flat
-computation with reordered outputs), they are translated back to the user's pytrees.
+...), in terms of the user's own arguments and outputs, plus the donation `plan`. When the
+program is `jax.jit`'s lowering of the call (its own pairs, or the plan's set on its module) the
+answers are its own; when donate replays a marked program over the flat leaves (results in the
+user's order), the inputs' answers are put back into the user's pytrees.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from donate import _errors
 
 
 def _inputs_flat(tree) -> list:
-  """The flat inputs of the re-laid-out computation, whose arguments are `((leaves...), {})`."""
+  """The flat inputs of the replayed computation, whose arguments are `((leaves...), {})`."""
   return list(tree[0]) if isinstance(tree, tuple) and len(tree) == 2 else list(tree)
 
 
@@ -67,7 +68,8 @@ class _Stage:
     return tuple(i for i, a in enumerate(tree_util.tree_leaves(self.args_info)) if a.donated)
 
   def _user_outputs(self, flat_tree):
-    """Outputs of the re-laid-out computation (a flat list) as the user's output pytree."""
+    """Outputs of the replayed computation (a flat list, in the user's order) as the user's
+    output pytree."""
     flat = list(flat_tree)
     return self._prep.inner.outputs(flat)
 

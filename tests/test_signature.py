@@ -58,6 +58,20 @@ def test_a_better_pairing_of_small_buffers_runs_as_jax_jit_does():
   assert prep.realiased and prep.plan.pairs() == {1: 0, 0: 1}
 
 
+def test_small_placeholders_paired_otherwise_do_not_re_lay_out_a_step():
+  """A state with a large leaf updated in order and two (1,) placeholders that dataflow pairs
+  the other way round (as optax.adafactor's unfactored slots): jax.jit's own program runs."""
+  def step(state):
+    return {"big": state["big"] * 0.9, "p1": state["p2"] + 1.0, "p2": state["p1"] * 2.0}
+
+  state = {"big": jnp.ones(N), "p1": jnp.ones(1), "p2": jnp.ones(1)}
+  prep, _ = prepare(function(step, donate_argnums=0), state)
+  assert prep.native and not prep.realiased
+  assert prep.plan.pairs() == {0: 0, 1: 1, 2: 2}
+  every_byte, _ = prepare(function(step, donate_argnums=0, copy_threshold=0), state)
+  assert every_byte.realiased and every_byte.plan.pairs() == {0: 0, 1: 2, 2: 1}
+
+
 def test_compile_reads_the_aliases_xla_made_into_the_plan():
   prep, call = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(N), jnp.ones(N))
   assert prep.compiled is None

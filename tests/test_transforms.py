@@ -391,3 +391,15 @@ def test_ordered_effects_do_not_shift_the_checked_aliases():
   jax.effects_barrier()
   assert x.unsafe_buffer_pointer() == pb and y.unsafe_buffer_pointer() == pa
   assert seen == [3.0]
+
+
+def test_a_keyword_error_not_about_argument_numbers_is_jax_jits_own():
+  from jax.experimental.layout import Layout
+  spec = jax.ShapeDtypeStruct((8,), jnp.float32)
+  errors = []
+  for jit in (jax.jit, donate.jit):
+    with pytest.raises(ValueError) as info:
+      jit(lambda x: x, in_shardings=Layout.AUTO, out_shardings=Layout.AUTO).lower(spec).compile()
+    errors.append(info.value)
+  assert str(errors[1]) == str(errors[0]) and "Fix:" not in str(errors[1])
+  assert type(errors[1]) is type(errors[0])
