@@ -2,6 +2,10 @@
 
 from donate import planner as planner
 from donate import targets as targets
+from donate._decision_types import Action as Action
+from donate._decision_types import Cause as Cause
+from donate._decision_types import Kind as Kind
+from donate._decision_types import Request as Request
 from donate._errors import DonationError as DonationError
 from donate._errors import SymmetricMemoryWarning as SymmetricMemoryWarning
 from donate._errors import UnusableDonationWarning as UnusableDonationWarning
@@ -20,11 +24,15 @@ from donate.transforms import jit as jit
 __version__ = "0.1.0"
 
 __all__ = [
+    "Action",
+    "Cause",
     "DonationError",
     "DonationPlan",
+    "Kind",
     "LeafDecision",
     "MemoryProfile",
     "MemoryStats",
+    "Request",
     "SymmetricMemoryWarning",
     "UnusableDonationWarning",
     "alias",

@@ -13,7 +13,8 @@ from donate import _compat
 from donate import _donation_plan
 from donate import _profile
 from donate import _symm
-from donate._text import format_bytes
+from donate._decision_types import Action
+from donate._text import format_bytes, sharding_str
 
 
 def realize(prep, lowered, compiled, copy_threshold: int,
@@ -73,7 +74,7 @@ def with_profile(prep, lowered, plan, compiler_options=None, call=None,
   stays None. `compiled` (the signature's `jax.stages.Compiled`) is read as it is where it
   carries its buffer assignment (CPU programs); otherwise `lowered` is compiled again with XLA's
   dump."""
-  if not any(d.action == _donation_plan.ALIASED and isinstance(d.nbytes, int)
+  if not any(d.action == Action.ALIASED and isinstance(d.nbytes, int)
              and d.nbytes >= plan.copy_threshold for d in plan.decisions):
     return plan
   profile = _profile.profile_of_signature(prep, lowered, plan, compiler_options, call, compiled)
@@ -83,7 +84,7 @@ def with_profile(prep, lowered, plan, compiler_options=None, call=None,
     found = {**{e.path: same for e in profile.not_lowered if e.bytes >= plan.copy_threshold},
              **found}
   decisions = tuple(dataclasses.replace(d, reason=f"{d.reason}; {found[d.path]}")
-                    if d.action == _donation_plan.ALIASED and d.path in found else d
+                    if d.action == Action.ALIASED and d.path in found else d
                     for d in plan.decisions)
   note = (f"memory profile: peak {format_bytes(profile.peak_bytes)} per device, "
           f"{_profile.saving(profile)} (plan.profile lists every buffer at the peak)")
@@ -108,7 +109,7 @@ def copies_of(prep, compiled_or_text, threshold: int) -> tuple:
 def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]]:
   """For planned aliases XLA did not make: the compiled input and output shardings, if they differ."""
   missing = [i for i, d in enumerate(prep.plan.decisions)
-             if d.action == _donation_plan.ALIASED and i not in realized]
+             if d.action == Action.ALIASED and i not in realized]
   if not missing:
     return {}
   ins = tree_util.tree_leaves(compiled.input_shardings)
@@ -119,18 +120,18 @@ def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]
     a, b = (ins[i] if i < len(ins) else None), outs[pairs[i]]
     if a is not None and b is not None and not a.is_equivalent_to(
         b, len(prep.plan.decisions[i].shape)):
-      result[i] = (_donation_plan.sharding_str(a), _donation_plan.sharding_str(b))
+      result[i] = (sharding_str(a), sharding_str(b))
   return result
 
 
 def _reused_shardings(prep, compiled, realized) -> dict[str, str]:
   """The compiled sharding of each output XLA put into a donor's buffer, by output path."""
   donors = [i for i, d in enumerate(prep.plan.decisions)
-            if d.action == _donation_plan.DONOR and i in realized]
+            if d.action == Action.DONOR and i in realized]
   if not donors:
     return {}
   outs = _compat.compiled_output_shardings(compiled, len(prep.plan.outputs))
-  return {prep.plan.outputs[realized[i]].path: _donation_plan.sharding_str(outs[realized[i]])
+  return {prep.plan.outputs[realized[i]].path: sharding_str(outs[realized[i]])
           for i in donors if realized[i] < len(outs) and outs[realized[i]] is not None}
 
 

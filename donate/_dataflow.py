@@ -29,6 +29,7 @@ from donate import _errors
 from donate import _compat
 from donate._jaxprs import open_jaxpr
 from donate import _primitives
+from donate._decision_types import Request
 from donate._primitives import alias_p, donate_buffer_p, is_donate_jit
 
 EXPLICIT = 9  # an explicit `alias`: survives any chain
@@ -46,13 +47,13 @@ class Annotation:
   """One annotation found in the program.
 
   Attributes:
-    kind: "donate_buffer", "alias", "donate_jit" (an inner `donate.jit` call) or "inner_jit"
-      (an inner plain `jax.jit` call).
+    kind: the `Request` it makes: DONATE_BUFFER, ALIAS, DONATE_JIT (an inner `donate.jit` call)
+      or INNER_JIT (an inner plain `jax.jit` call).
     where: the user's source line.
     origin: index of the outer input leaf it resolves to, or None (intermediate or constant).
-    dst_origin: for "alias", the input leaf `dst` is, if it is one (an error: inputs cannot alias).
+    dst_origin: for ALIAS, the input leaf `dst` is, if it is one (an error: inputs cannot alias).
   """
-  kind: str
+  kind: Request
   where: str
   origin: int | None
   dst_origin: int | None = None
@@ -185,15 +186,15 @@ class _Walker:
     if eqn.primitive is donate_buffer_p:
       where = _compat.source_line(eqn.source_info)
       (o, s), = ins
-      self.annotations.append(Annotation("donate_buffer", where, o))
-      consumed[eqn.invars[0]] = ("donate_buffer", where)
+      self.annotations.append(Annotation(Request.DONATE_BUFFER, where, o))
+      consumed[eqn.invars[0]] = (Request.DONATE_BUFFER.label, where)
       return [(o, s)]
     if eqn.primitive is alias_p:
       where = params.get("where") or _compat.source_line(eqn.source_info)
       (so, ss), (do, ds) = ins
-      self.annotations.append(Annotation("alias", where, so, do))
+      self.annotations.append(Annotation(Request.ALIAS, where, so, do))
       if not isinstance(eqn.invars[0], jcore.Literal):
-        consumed[eqn.invars[0]] = ("alias", where)
+        consumed[eqn.invars[0]] = (Request.ALIAS.label, where)
       if so is None:
         return [(None, _cap(ds, ELEMENTWISE))]
       return [(so, {so: EXPLICIT})]
@@ -222,7 +223,8 @@ class _Walker:
       where = _compat.source_line(eqn.source_info)
       for d, (o, _) in zip(donated, ins):
         if d:
-          kind = "donate_jit" if is_donate_jit(eqn.params.get("jaxpr")) else "inner_jit"
+          kind = (Request.DONATE_JIT if is_donate_jit(eqn.params.get("jaxpr"))
+                  else Request.INNER_JIT)
           self.annotations.append(Annotation(kind, where, o))
     for key in _CALL_PARAMS:
       sub = open_jaxpr(eqn.params.get(key))

@@ -14,51 +14,31 @@ from typing import Any, Sequence
 
 from donate import _copies
 from donate import _errors
-from donate._text import format_bytes, is_symbolic
+from donate._decision_types import Action, Cause, Kind, Request
+from donate._text import format_bytes, is_symbolic, shape_text, sharding_str
 
-ALIASED, DONOR, KEPT, UNUSABLE, UNUSED = "aliased", "donor", "kept", "unusable", "unused"
-REF = "ref"  # the action of a `jax.Ref` leaf, and its kind: the call writes it back in place
-DEVICE, ABSTRACT, HOST = "device", "abstract", "host"
+# The plain names of the enum members, as earlier versions spelled them (each equals its string).
+ALIASED, DONOR, KEPT, UNUSABLE, UNUSED = (Action.ALIASED, Action.DONOR, Action.KEPT,
+                                          Action.UNUSABLE, Action.UNUSED)
+REF = Action.REF  # the action of a `jax.Ref` leaf; equal to its kind, `Kind.REF`
+DEVICE, ABSTRACT, HOST = Kind.DEVICE, Kind.ABSTRACT, Kind.HOST
 
 _WIDTH = 100  # the plan's text fits in this many columns
 
 
-def _record(cls):
-  """`cls` as a frozen, slotted dataclass whose `__init__` fills the slots through their own
-  descriptors.
-
-  The `__init__` dataclasses writes for a frozen class calls `object.__setattr__` once per field
-  (about 1 us for a `LeafInfo`); the planner makes three records per leaf, and a wide pytree has
-  thousands. Nothing else changes: assigning a field still raises `FrozenInstanceError`, and
-  equality, hashing and `dataclasses.replace` are the dataclass's own.
-
-  >>> info = OutputInfo("out", (4,), "float32", 16)
-  >>> info.nbytes, info == OutputInfo("out", (4,), "float32", 16), info.sharding_obj
-  (16, True, None)
-  """
-  cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
-  fields = dataclasses.fields(cls)
-  assert all(f.default_factory is dataclasses.MISSING for f in fields), cls
-  params = ", ".join(f.name if f.default is dataclasses.MISSING else f"{f.name}=_d_{f.name}"
-                     for f in fields)
-  body = "".join(f"\n  _s_{f.name}(self, {f.name})" for f in fields)
-  scope = {f"_s_{f.name}": cls.__dict__[f.name].__set__ for f in fields}
-  scope.update({f"_d_{f.name}": f.default for f in fields if f.default is not dataclasses.MISSING})
-  exec(f"def __init__(self, {params}):{body}", scope)  # as dataclasses makes its own __init__
-  scope["__init__"].__qualname__ = f"{cls.__qualname__}.__init__"
-  cls.__init__ = scope["__init__"]
-  return cls
-
-
-@_record
+@dataclasses.dataclass(frozen=True, slots=True)
 class LeafInfo:
   """Static facts about one input leaf.
 
-  `kind` is "device" (a `jax.Array`: donating consumes it), "abstract" (a `jax.ShapeDtypeStruct`:
-  planned as if it were an array), "ref" (a `jax.Ref`, or a `ShapeDtypeStruct(..., is_ref=True)`:
-  the call writes its new value back into its own buffer, so it is never donated nor paired) or
-  "host" (numpy arrays, Python and numpy scalars: `jax.jit` copies them to the device, so the
-  caller's value is never consumed).
+  `kind` is a `Kind`: DEVICE (a `jax.Array`: donating consumes it), ABSTRACT (a
+  `jax.ShapeDtypeStruct`: planned as if it were an array), REF (a `jax.Ref`, or a
+  `ShapeDtypeStruct(..., is_ref=True)`: the call writes its new value back into its own buffer,
+  so it is never donated nor paired) or HOST (numpy arrays, Python and numpy scalars: `jax.jit`
+  copies them to the device, so the caller's value is never consumed).
+
+  >>> info = LeafInfo("x", (4,), "float32", 16, "cpu:0", None, Kind.DEVICE, "ArrayImpl")
+  >>> info.is_array, info.kind == "device"
+  (True, True)
   """
   path: str
   shape: tuple[int, ...]
@@ -66,7 +46,7 @@ class LeafInfo:
   nbytes: int
   sharding: str
   memory_kind: str | None
-  kind: str
+  kind: Kind
   type_name: str
   sharding_obj: Any = dataclasses.field(default=None, compare=False)
   group_kind: str | None = None  # the memory kind jax.jit pairs by (see _pairing.grouped)
@@ -77,7 +57,7 @@ class LeafInfo:
     return self.kind in (DEVICE, ABSTRACT)
 
 
-@_record
+@dataclasses.dataclass(frozen=True, slots=True)
 class OutputInfo:
   """Static facts about one output leaf (`sharding_obj` when `out_shardings` fixes it)."""
   path: str
@@ -88,40 +68,89 @@ class OutputInfo:
   group_kind: str | None = None  # the memory kind jax.jit pairs by (see _pairing.grouped)
 
 
-@_record
+@dataclasses.dataclass(frozen=True, slots=True)
 class LeafDecision:
   """What happens to one input leaf.
 
+  Code reads the typed fields (`action`, `cause`, `request`); `reason` and `source` say the same
+  in words, for people.
+
   Attributes:
-    path: the leaf's pytree path, e.g. `params['w']`.
-    shape, dtype, nbytes, sharding, memory_kind: the leaf's facts.
-    requested: donation was asked for (`donate_argnums`/`donate_argnames` or an annotation).
-    source: how it was asked for ("donate_argnums", "donate_argnames", "donate_buffer at f.py:3", ...).
-    action: "aliased" (output `output` reuses the buffer), "donor" (given to XLA to reuse for any
-      output), "kept" (not donated: not requested, or not a device buffer), "unused" (requested,
-      but the computation does not read it: it stays alive, as in `jax.jit`), "unusable"
-      (requested but nothing can reuse it; it stays alive) or "ref" (a `jax.Ref`: the call
+    info: the leaf's facts (`LeafInfo`); `path` (its pytree path, e.g. `params['w']`), `shape`,
+      `dtype`, `nbytes`, `sharding` and `memory_kind` read them.
+    request: how donation was asked for (a `Request`: `donate_argnums`, `donate_argnames`, an
+      annotation or an inner call), or None: it was not (`requested` is False).
+    where: the source line of the annotation or inner call that asked, if any.
+    action: an `Action`: ALIASED (output `output` reuses the buffer), DONOR (given to XLA to reuse
+      for any output), KEPT (not donated: not requested, or not a device buffer), UNUSED
+      (requested, but the computation does not read it: it stays alive, as in `jax.jit`),
+      UNUSABLE (requested but nothing can reuse it; it stays alive) or REF (a `jax.Ref`: the call
       writes it back into its own buffer; no output takes that buffer).
     output: the output path that reuses the buffer, if any.
+    cause: why, for code (a `Cause`).
     reason: why, in words.
 
   >>> import jax.numpy as jnp, donate
   >>> f = donate.jit(lambda w, x: w - x, donate_argnums=0)
   >>> d = f.plan(jnp.ones(4), jnp.ones(4)).decisions[0]
-  >>> d.path, d.action, d.output, d.reason, d.consumed
-  ('w', 'aliased', 'out', 'elementwise update of this input', True)
+  >>> d.path, d.action == "aliased", d.output, d.reason, d.consumed
+  ('w', True, 'out', 'elementwise update of this input', True)
+  >>> d.cause
+  <Cause.ELEMENTWISE_UPDATE: 'elementwise_update'>
+  >>> d.request, d.source
+  (<Request.DONATE_ARGNUMS: 'donate_argnums'>, 'donate_argnums')
   """
-  path: str
-  shape: tuple[int, ...]
-  dtype: str
-  nbytes: int
-  sharding: str
-  memory_kind: str | None
-  requested: bool
-  source: str
-  action: str
+  info: LeafInfo
+  request: Request | None
+  where: str | None
+  action: Action
   output: str | None
+  cause: Cause
   reason: str
+
+  @property
+  def path(self) -> str:
+    """The leaf's pytree path, e.g. `params['w']`."""
+    return self.info.path
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """The leaf's shape."""
+    return self.info.shape
+
+  @property
+  def dtype(self) -> str:
+    """The leaf's dtype, by name."""
+    return self.info.dtype
+
+  @property
+  def nbytes(self) -> int:
+    """The leaf's bytes (global array)."""
+    return self.info.nbytes
+
+  @property
+  def sharding(self) -> str:
+    """The leaf's sharding, by a compact name (`cpu:0`, `P('x')`)."""
+    return self.info.sharding
+
+  @property
+  def memory_kind(self) -> str | None:
+    """The memory kind of the leaf's sharding, if any."""
+    return self.info.memory_kind
+
+  @property
+  def requested(self) -> bool:
+    """Donation was asked for (`donate_argnums`/`donate_argnames` or an annotation)."""
+    return self.request is not None
+
+  @property
+  def source(self) -> str:
+    """How donation was asked for, in words ("donate_argnums", "donate_buffer at f.py:3", ...;
+    "-": it was not)."""
+    if self.request is None:
+      return "-"
+    label = Request(self.request).label
+    return f"{label} at {self.where}" if self.where else label
 
   @property
   def consumed(self) -> bool:
@@ -175,7 +204,7 @@ class DonationPlan:
   >>> import jax.numpy as jnp, donate
   >>> f = donate.jit(lambda a, b: (b.at[0].set(1.0), a + 1.0), donate_argnums=(0, 1))
   >>> plan = f.plan(jnp.zeros(2**16), jnp.zeros(2**16))
-  >>> [(d.path, d.action, d.output) for d in plan.decisions]
+  >>> [(d.path, str(d.action), d.output) for d in plan.decisions]
   [('a', 'aliased', 'out[1]'), ('b', 'aliased', 'out[0]')]
   >>> plan.bytes_requested, plan.bytes_reused
   (524288, 524288)
@@ -238,16 +267,21 @@ class DonationPlan:
       if d.action == ALIASED and got_path != d.output:
         if got_path is not None:
           reason = f"XLA reuses it for {got_path} (planned {d.output})"
-          decisions[i] = dataclasses.replace(d, output=got_path, reason=reason)
+          decisions[i] = dataclasses.replace(d, output=got_path, cause=Cause.XLA_OTHER_OUTPUT,
+                                             reason=reason)
         else:
           decisions[i] = dataclasses.replace(d, action=UNUSABLE, output=None,
-                                             reason=_not_made(d.output, shardings.get(i)))
+                                             **_not_made(d.output, shardings.get(i)))
       elif d.action == DONOR:
-        reason = (f"XLA reuses it for {got_path} ({_differences(d, self.outputs[got], out_shardings)})"
-                  if got_path else
-                  "offered to XLA as a donor, but XLA reused it for no output; it stays alive")
-        decisions[i] = dataclasses.replace(
-            d, output=got_path, reason=reason, action=ALIASED if got_path else UNUSABLE)
+        if got_path:
+          differs = _differences(d, self.outputs[got], out_shardings)
+          reason = f"XLA reuses it for {got_path} ({differs})"
+          decisions[i] = dataclasses.replace(d, output=got_path, action=ALIASED,
+                                             cause=Cause.DONOR_REUSED, reason=reason)
+        else:
+          decisions[i] = dataclasses.replace(
+              d, action=UNUSABLE, cause=Cause.DONOR_NOT_REUSED,
+              reason="offered to XLA as a donor, but XLA reused it for no output; it stays alive")
     return dataclasses.replace(self, decisions=tuple(decisions), memory=memory, compiled=True)
 
   def explain_unusable(self, decisions: Sequence[LeafDecision] | None = None) -> str:
@@ -267,11 +301,10 @@ class DonationPlan:
 
   def explain_host(self) -> str:
     """The strict-mode error for requested leaves that are not device buffers."""
-    host = [d for d in self.decisions if d.requested and d.reason.startswith(NOT_A_DEVICE_BUFFER)]
+    host = [d for d in self.decisions if d.requested and d.cause == Cause.NOT_A_DEVICE_BUFFER]
     return "\n".join(_errors.message(
         f"{self.function}: strict mode cannot donate a leaf that is not a device buffer "
-        f"(asked by {d.source})", path=d.path, expected="a jax.Array",
-        got=d.reason.removeprefix(NOT_A_DEVICE_BUFFER).strip(" ()"),
+        f"(asked by {d.source})", path=d.path, expected="a jax.Array", got=d.info.type_name,
         fix="pass an array (jnp.asarray(x)) or leave this argument out of donate_argnums")
         for d in host)
 
@@ -327,10 +360,13 @@ NOT_A_DEVICE_BUFFER = "not donated: not a device buffer"
 WRITTEN_BACK = "ref: written back in place"  # the reason of every ref leaf the call uses
 
 
-def _not_made(output: str | None, shardings: tuple[str, str] | None) -> str:
+def _not_made(output: str | None, shardings: tuple[str, str] | None) -> dict:
+  """The cause and reason of a planned alias XLA did not make."""
   if shardings is not None:
-    return f"not usable: sharding differs (in {shardings[0]}, out {shardings[1]})"
-  return f"planned for {output}, but XLA did not make the alias; it stays alive"
+    return dict(cause=Cause.SHARDING_DIFFERS,
+                reason=f"not usable: sharding differs (in {shardings[0]}, out {shardings[1]})")
+  return dict(cause=Cause.ALIAS_NOT_MADE,
+              reason=f"planned for {output}, but XLA did not make the alias; it stays alive")
 
 
 def _memory_text(m: MemoryStats) -> str:
@@ -349,7 +385,7 @@ def _table(decisions: Sequence[LeafDecision]) -> list[str]:
   for r in rows:
     lines += _wrap(["  " + "  ".join(c.ljust(w) for c, w in zip(r[:5], widths + [0])).rstrip()])
     d = r[5]
-    extra = d.reason if not d.requested or d.source in ("-", "") else f"{d.reason} [{d.source}]"
+    extra = d.reason if not d.requested else f"{d.reason} [{d.source}]"
     lines += _wrap([f"      {extra}"], indent="      ")
   return lines
 
@@ -386,87 +422,3 @@ def _differences(d: "LeafDecision", out: OutputInfo, out_shardings: dict[int, st
   if sharding is None:
     return "same shape and dtype; its sharding was known only after partitioning"
   return "same shape, dtype and sharding"
-
-
-def shape_text(shape) -> str:
-  return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
-
-
-def sharding_text(sharding) -> str:
-  return sharding_str(sharding) if sharding is not None else "unknown"
-
-
-def dtype_name(dtype) -> str:
-  """`str(dtype)`, remembered: numpy spells a dtype slowly, and a wide pytree asks thousands of
-  times for the same few.
-
-  >>> import numpy as np
-  >>> dtype_name(np.dtype("float32")), dtype_name(np.dtype("float32"))
-  ('float32', 'float32')
-  """
-  try:
-    return _DTYPE_NAMES[dtype]
-  except KeyError:
-    name = _DTYPE_NAMES[dtype] = str(dtype)
-    return name
-  except TypeError:  # not hashable
-    return str(dtype)
-
-
-_DTYPE_NAMES: dict = {}
-
-
-def sharding_str(sharding) -> str:
-  """A compact name for a sharding: `cpu:0`, `P('x', None)`, `host` (remembered per sharding:
-  every leaf of a wide pytree usually has one of a few).
-
-  >>> import jax
-  >>> sharding_str(jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-  'cpu:0'
-  """
-  if sharding is None:
-    return "host"
-  global _LAST_SHARDING
-  last = _LAST_SHARDING  # one (sharding, text) pair, replaced whole: safe across threads
-  if last[0] is sharding:  # the leaves of one pytree usually share one sharding object
-    return last[1]
-  try:
-    text = _SHARDING_NAMES[sharding]
-    _LAST_SHARDING = (sharding, text)
-    return text
-  except (KeyError, TypeError):
-    pass
-  text = _sharding_str(sharding)
-  try:
-    if len(_SHARDING_NAMES) > 4096:
-      _SHARDING_NAMES.clear()
-    _SHARDING_NAMES[sharding] = text
-  except TypeError:  # not hashable
-    pass
-  return text
-
-
-_SHARDING_NAMES: dict = {}
-_LAST_SHARDING: tuple = (None, "")
-
-
-def _sharding_str(sharding) -> str:
-  spec = getattr(sharding, "spec", None)
-  if spec is not None:  # str() spells unreduced / reduced axes too
-    text = str(spec)
-    text = "P" + text[len("PartitionSpec"):] if text.startswith("PartitionSpec") else text
-    text = text[:-2] + ")" if text.endswith(",)") else text  # P('x',) reads P('x')
-  else:
-    try:
-      devices = sharding.device_set
-    except Exception:  # an abstract mesh has no devices
-      devices = None
-    if devices is not None and len(devices) == 1:
-      d = next(iter(devices))
-      text = f"{d.platform}:{d.id}"
-    else:
-      text = type(sharding).__name__
-  kind = getattr(sharding, "memory_kind", None)
-  if kind not in (None, "device"):
-    text += f"@{kind}"
-  return text

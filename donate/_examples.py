@@ -101,7 +101,7 @@ def grad_accum_step_annotated(params, acc, batches, lr: float = 1e-2):
   >>> acc = jax.tree.map(jnp.zeros_like, params)
   >>> batches = micro_batches(jax.random.key(1), micro=2, batch=3, width=4, out=2)
   >>> plan = donate.jit(grad_accum_step_annotated).plan(params, acc, batches)
-  >>> sorted({d.action for d in plan.decisions if d.path.startswith(("params", "acc"))})
+  >>> sorted({str(d.action) for d in plan.decisions if d.path.startswith(("params", "acc"))})
   ['aliased']
   """
   acc = _accumulate(params, acc, batches, annotate=True)

@@ -44,7 +44,7 @@ class JitWrapped:
 
   >>> import jax.numpy as jnp, donate
   >>> step = donate.jit(lambda w, g: w - 0.1 * g, donate_argnums=0)
-  >>> [d.action for d in step.plan(jnp.ones(4), jnp.ones(4)).decisions]
+  >>> [str(d.action) for d in step.plan(jnp.ones(4), jnp.ones(4)).decisions]
   ['aliased', 'kept']
   """
 
@@ -102,8 +102,9 @@ class JitWrapped:
       if prep is None or prep.inner is not None or not prep.realiased:
         _compat.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner
                                 else fn.jitted)
-    except (jax.errors.JaxRuntimeError, ValueError) as e:
-      if "donate" in str(e) and _compat.trace_state_clean():  # a buffer given twice: name both
+    except (jax.errors.JaxRuntimeError, ValueError):
+      # One array in two places (JAX rejects it when one is donated): name both leaves.
+      if _compat.trace_state_clean() and _binding.repeats_an_array(fn.binding, args, kwargs):
         prep, call = self._prepare(args, kwargs)
         prep.check_duplicates(call)
       raise
@@ -239,10 +240,9 @@ def _restore(fun, kwargs):
 
 def _keyword_error(name: str, fun, error: Exception, jit_kwargs: dict) -> Exception:
   """`jax.jit`'s error for a bad argument number or name, as a DonationError of the same type
-  naming the function and its parameters; any other keyword error is `jax.jit`'s own, unchanged
-  (a `jax.jit` of the function without the argument numbers and names raises it too)."""
-  if "unexpected keyword argument" in str(error):
-    return error  # a keyword jax.jit does not have: its own TypeError says it best
+  naming the function and its parameters; any other keyword error (a keyword `jax.jit` does not
+  have, a bad value of another keyword) is `jax.jit`'s own, unchanged: a `jax.jit` of the
+  function without the argument numbers and names raises it too."""
   others = {k: v for k, v in jit_kwargs.items() if k not in ("static_argnums", "static_argnames")}
   try:
     _compat.jax_jit(fun, **others)

@@ -31,20 +31,26 @@ from typing import Sequence
 
 from donate import _dataflow
 from donate import _errors
-from donate._text import is_symbolic
-from donate._donation_plan import (ALIASED, DEVICE, DONOR, HOST, KEPT, NOT_A_DEVICE_BUFFER,
-                                   REF, UNUSABLE, UNUSED, WRITTEN_BACK, DonationPlan,
-                                   LeafDecision, LeafInfo, Layout, OutputInfo, shape_text,
-                                   sharding_text)
+from donate._text import is_symbolic, shape_text, sharding_text
+from donate._decision_types import Action, Cause, Kind, Request
+from donate._donation_plan import (DEVICE, NOT_A_DEVICE_BUFFER, WRITTEN_BACK, DonationPlan,
+                                   LeafDecision, LeafInfo, Layout, OutputInfo)
 
-_STRENGTH_WORDS = {
-    _dataflow.EXPLICIT: "explicit alias",
-    _dataflow.IDENTITY: "returned unchanged",
-    _dataflow.UPDATE: "updated in place (.at[].set / dynamic_update_slice / scatter)",
-    _dataflow.CARRY: "loop carry updated in place",
-    _dataflow.ELEMENTWISE: "elementwise update of this input",
-    0: "same shape and dtype (no dataflow link)",
+# Why a paired leaf is aliased, by the strength of its dataflow link to the output.
+_STRENGTH = {
+    _dataflow.EXPLICIT: (Cause.EXPLICIT_ALIAS, "explicit alias"),
+    _dataflow.IDENTITY: (Cause.RETURNED_UNCHANGED, "returned unchanged"),
+    _dataflow.UPDATE: (Cause.UPDATED_IN_PLACE,
+                       "updated in place (.at[].set / dynamic_update_slice / scatter)"),
+    _dataflow.CARRY: (Cause.LOOP_CARRY, "loop carry updated in place"),
+    _dataflow.ELEMENTWISE: (Cause.ELEMENTWISE_UPDATE, "elementwise update of this input"),
+    0: (Cause.SAME_SHAPE_AND_DTYPE, "same shape and dtype (no dataflow link)"),
 }
+
+# JAX's jit donates nothing while `jax_debug_nans` is on (it may rerun the function de-optimized,
+# which needs the inputs); `jax_debug_infs` does not turn donation off.
+JAX_DISABLED = ("not donated: jax_debug_nans is on, and JAX donates nothing then (it may rerun "
+                "the function de-optimized on the same inputs)")
 
 
 def _key(x) -> tuple:
@@ -103,7 +109,7 @@ def _check(leaves: Sequence[LeafInfo], flow: _dataflow.Dataflow,
            outputs: Sequence[OutputInfo]) -> list[str]:
   problems = []
   for a in flow.annotations:
-    if a.kind == "alias" and a.origin is not None and a.dst_origin is not None:
+    if a.kind == Request.ALIAS and a.origin is not None and a.dst_origin is not None:
       problems.append(_errors.message(
           f"alias at {a.where} aliases two inputs to each other: {leaves[a.origin].path} "
           f"and {leaves[a.dst_origin].path}", fix="alias an input to a value computed from it"))
@@ -120,25 +126,22 @@ def _check(leaves: Sequence[LeafInfo], flow: _dataflow.Dataflow,
   return problems
 
 
-_WORDS = {"donate_buffer": "donate_buffer", "alias": "alias", "inner_jit": "inner jit donation",
-          "donate_jit": "inner donate.jit"}
-
-
-def _requests(requested: dict[int, str], flow: _dataflow.Dataflow,
+def _requests(requested: dict[int, Request], flow: _dataflow.Dataflow,
               adopt_inner: bool) -> tuple[dict, list, dict]:
-  """Adds annotations to the requests. Returns (sources, notes, {leaf: ignored inner donation})."""
-  sources = dict(requested)
+  """Adds annotations to the requests. Returns ({leaf: (request, where)}, notes, {leaf: ignored
+  inner donation})."""
+  sources = {i: (Request(r), None) for i, r in requested.items()}
   notes, ignored = [], {}
   for a in flow.annotations:
-    label = f"{_WORDS[a.kind]} at {a.where}"
+    kind = Request(a.kind)
     if a.origin is None:
-      notes.append(f"{label} had no effect: the value is an intermediate or a constant, not an "
-                   "input buffer (XLA already reuses intermediates)")
-    elif a.kind == "inner_jit" and not adopt_inner:
+      notes.append(f"{kind.label} at {a.where} had no effect: the value is an intermediate or a "
+                   "constant, not an input buffer (XLA already reuses intermediates)")
+    elif kind == Request.INNER_JIT and not adopt_inner:
       if a.origin not in sources:
         ignored.setdefault(a.origin, a.where)
     elif a.origin not in sources:
-      sources[a.origin] = label
+      sources[a.origin] = (kind, a.where)
   for i in list(ignored):
     if i in sources:
       del ignored[i]
@@ -259,20 +262,22 @@ def _layout(pairs, donor_out) -> Layout:
   return Layout(tuple(sorted(set(pairs) | set(donor_out))))
 
 
-def _unusable_reason(leaf, outputs, pairs, leaves) -> str:
+def _unusable_reason(leaf, outputs, pairs, leaves) -> tuple[Cause, str]:
+  """Why no output can reuse a donated leaf: the cause, and the nearest output in words."""
   taken = {j: i for i, (j, _) in pairs.items()}
   same = [j for j, o in enumerate(outputs) if _key(o) == _key(leaf)]
   if same:
     usable = [j for j in same if _compatible(leaf, outputs[j])]
     if not usable:
       o = outputs[same[0]]
-      return (f"not usable: sharding differs (in {sharding_text(leaf.sharding_obj)}, "
-              f"out {sharding_text(o.sharding_obj)})")
+      return Cause.SHARDING_DIFFERS, (f"not usable: sharding differs (in "
+                                      f"{sharding_text(leaf.sharding_obj)}, out "
+                                      f"{sharding_text(o.sharding_obj)})")
     j = usable[0]
-    return (f"output {outputs[j].path} has its shape and dtype but already reuses "
-            f"{leaves[taken[j]].path}")
+    return Cause.OUTPUT_TAKEN, (f"output {outputs[j].path} has its shape and dtype but already "
+                                f"reuses {leaves[taken[j]].path}")
   if not outputs:
-    return "the function has no outputs"
+    return Cause.NO_OUTPUTS, "the function has no outputs"
 
   def distance(o):
     return (o.dtype != leaf.dtype, _byte_distance(o.nbytes, leaf.nbytes), o.shape != leaf.shape)
@@ -282,7 +287,8 @@ def _unusable_reason(leaf, outputs, pairs, leaves) -> str:
     fields.append(f"shape {shape_text(o.shape)} vs {shape_text(leaf.shape)}")
   if o.dtype != leaf.dtype:
     fields.append(f"dtype {o.dtype} vs {leaf.dtype}")
-  return f"no output of its shape and dtype; nearest is {o.path}: " + ", ".join(fields)
+  return (Cause.NO_MATCHING_OUTPUT,
+          f"no output of its shape and dtype; nearest is {o.path}: " + ", ".join(fields))
 
 
 def _byte_distance(a, b) -> int | float:
@@ -300,31 +306,38 @@ def _byte_distance(a, b) -> int | float:
 
 
 def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -> LeafDecision:
-  if leaf.kind == REF:  # never donated nor paired; `_with_refs` says what jax.jit makes of it
-    action, out, reason = REF, None, WRITTEN_BACK
+  """The decision of leaf `i`; `source` is its `(request, where)`, or None: not requested."""
+  out = None
+  if leaf.kind == Kind.REF:  # never donated nor paired; `_with_refs` says what jax.jit makes of it
+    action, cause, reason = Action.REF, Cause.WRITTEN_BACK, WRITTEN_BACK
   elif not source:
-    action, out, reason = KEPT, None, "not donated"
+    action, cause, reason = Action.KEPT, Cause.NOT_REQUESTED, "not donated"
     if i in ignored:
+      cause = Cause.INNER_JIT_IGNORED
       reason = (f"not donated: inner jax.jit donation at {ignored[i]} ignored (the caller did "
                 "not donate this argument)")
-  elif leaf.kind == HOST:
-    action, out, reason = KEPT, None, f"{NOT_A_DEVICE_BUFFER} ({leaf.type_name})"
+  elif leaf.kind == Kind.HOST:
+    action, cause = Action.KEPT, Cause.NOT_A_DEVICE_BUFFER
+    reason = f"{NOT_A_DEVICE_BUFFER} ({leaf.type_name})"
   elif not used:
-    action, out = UNUSED, None
+    action, cause = Action.UNUSED, Cause.UNUSED
     reason = ("the computation does not read it; it stays alive, as in jax.jit "
               "(keep_unused=True donates it)")
   elif i in pairs:
     j, strength = pairs[i]
-    action, out, reason = ALIASED, outputs[j].path, _STRENGTH_WORDS[strength]
+    action, out, (cause, reason) = Action.ALIASED, outputs[j].path, _STRENGTH[strength]
+  elif i in donor_out and donor_out[i] is None:
+    action, cause = Action.DONOR, Cause.XLA_PAIRS_AFTER_PARTITIONING
+    reason = "a buffer donor: XLA pairs it with an output after partitioning"
   elif i in donor_out:
-    action, out = DONOR, None
-    reason = ("a buffer donor: XLA pairs it with an output after partitioning" if donor_out[i]
-              is None else f"no free output of its shape and dtype; XLA may reuse it for "
+    action, cause = Action.DONOR, Cause.SAME_SIZE
+    reason = ("no free output of its shape and dtype; XLA may reuse it for "
               f"{outputs[donor_out[i]].path}")
   else:
-    action, out, reason = UNUSABLE, None, _unusable_reason(leaf, outputs, pairs, leaves)
-  return LeafDecision(leaf.path, leaf.shape, leaf.dtype, leaf.nbytes, leaf.sharding,
-                      leaf.memory_kind, bool(source), source or "-", action, out, reason)
+    action = Action.UNUSABLE
+    cause, reason = _unusable_reason(leaf, outputs, pairs, leaves)
+  request, where = source or (None, None)
+  return LeafDecision(leaf, request, where, action, out, cause, reason)
 
 
 def _with_refs(decisions, leaves, outputs, used, donated, xla_decides: bool, disabled: bool):
@@ -335,7 +348,7 @@ def _with_refs(decisions, leaves, outputs, used, donated, xla_decides: bool, dis
   size is still free after `jax.jit`'s own pairs (XLA then rejects the program, as under
   `jax.jit`), else an unusable donation.
   """
-  refs = [i for i, l in enumerate(leaves) if l.kind == REF]
+  refs = [i for i, l in enumerate(leaves) if l.kind == Kind.REF]
   if not refs:
     return decisions
   rejected = set() if disabled else _ref_donors(leaves, outputs, donated, xla_decides,
@@ -343,12 +356,15 @@ def _with_refs(decisions, leaves, outputs, used, donated, xla_decides: bool, dis
   out = list(decisions)
   for i in refs:
     d = out[i]
-    action, reason = REF, WRITTEN_BACK if used[i] else "ref: the computation does not use it"
-    if d.requested and used[i] and not disabled:
-      action = REF if i in rejected else UNUSABLE
-      reason += ("; jax.jit offers it to XLA as a donor too, which XLA rejects" if i in rejected
-                 else "; a ref is never donated (leave it out of donate_argnums)")
-    out[i] = dataclasses.replace(d, action=action, output=None, reason=reason)
+    action, cause, reason = ((Action.REF, Cause.WRITTEN_BACK, WRITTEN_BACK) if used[i] else
+                             (Action.REF, Cause.REF_UNUSED, "ref: the computation does not use it"))
+    if d.requested and used[i] and not disabled and i in rejected:
+      cause = Cause.REF_OFFERED_AS_DONOR
+      reason += "; jax.jit offers it to XLA as a donor too, which XLA rejects"
+    elif d.requested and used[i] and not disabled:
+      action, cause = Action.UNUSABLE, Cause.REF_NOT_DONATED
+      reason += "; a ref is never donated (leave it out of donate_argnums)"
+    out[i] = dataclasses.replace(d, action=action, output=None, cause=cause, reason=reason)
   return tuple(out)
 
 
@@ -370,24 +386,25 @@ def _ref_donors(leaves, outputs, donated, xla_decides: bool, refs) -> set[int]:
   return rejected
 
 
-def _disabled(leaf, source, reason) -> LeafDecision:
-  """A requested leaf kept because JAX donates nothing in this call."""
-  return LeafDecision(leaf.path, leaf.shape, leaf.dtype, leaf.nbytes, leaf.sharding,
-                      leaf.memory_kind, True, source, KEPT, None, reason)
+def _disabled(leaf, source) -> LeafDecision:
+  """A requested leaf kept because JAX donates nothing while `jax_debug_nans` is on."""
+  request, where = source
+  return LeafDecision(leaf, request, where, Action.KEPT, None, Cause.JAX_DEBUG_NANS, JAX_DISABLED)
 
 
 def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo],
-              requested: dict[int, str], flow: _dataflow.Dataflow, *,
+              requested: dict[int, Request], flow: _dataflow.Dataflow, *,
               keep_unused: bool = False, adopt_inner: bool = False,
               xla_decides: bool = False, first_come: str = "",
-              disabled: str = "") -> DonationPlan:
+              disabled: bool = False) -> DonationPlan:
   """Decides every input leaf; raises one DonationError listing every misuse found.
 
   Args:
     function: the function's name, for messages.
     leaves: facts about every input leaf, in flat order.
     outputs: facts about every output leaf, in flat order.
-    requested: leaf index -> how donation was requested ("donate_argnums", ...).
+    requested: leaf index -> how donation was requested (`Request.DONATE_ARGNUMS` or
+      `DONATE_ARGNAMES`).
     flow: the dataflow of the traced program (`_dataflow.analyze`).
     keep_unused: keep unread inputs in the computation (as `jax.jit(keep_unused=True)`).
     adopt_inner: honour `jax.jit(donate_argnums=...)` of inner calls on the outer inputs.
@@ -395,8 +412,8 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
       `jax.jit` offers every donated input to XLA as a donor (see `_donors`).
     first_come: why `jax.jit`'s own lowering runs the call (custom layouts, ...), in words: pair
       first come, first served as `jax.jit` does, and say so in a note.
-    disabled: why JAX donates nothing in this call (`jax_debug_nans`): every requested leaf is
-      kept, with that reason.
+    disabled: JAX donates nothing in this call (`jax_debug_nans` is on): every requested leaf is
+      kept, with that cause (`Cause.JAX_DEBUG_NANS`).
   """
   leaves, outputs = grouped(leaves, outputs)
   sources, notes, ignored = _requests(requested, flow, adopt_inner)
@@ -418,8 +435,8 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
                       xla_decides)
   layout = _layout(pairs, donor_out)
   decisions = tuple(
-      _disabled(leaf, sources[i], disabled) if disabled and sources.get(i) and leaf.is_array
-      else _decide(i, leaf, sources.get(i, ""), used[i], pairs, donor_out, outputs, leaves,
+      _disabled(leaf, sources[i]) if disabled and sources.get(i) and leaf.is_array
+      else _decide(i, leaf, sources.get(i), used[i], pairs, donor_out, outputs, leaves,
                    ignored) for i, leaf in enumerate(leaves))
   decisions = _with_refs(decisions, leaves, outputs, used, donated, xla_decides, bool(disabled))
   return DonationPlan(function, decisions, tuple(outputs), tuple(notes), layout)

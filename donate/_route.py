@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import jax
 
-from donate import _donation_plan
 from donate import _pairing
+from donate._decision_types import Kind, Request
 from donate._text import format_bytes
 
 
 def is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool) -> bool:
   """Whether `jax.jit`'s own lowering makes the plan: same donated leaves, same pairs."""
-  if any(a.kind != "inner_jit" or options.adopt_inner for a in flow.annotations):
+  if any(a.kind != Request.INNER_JIT or options.adopt_inner for a in flow.annotations):
     return False
   used = [options.keep_unused or u for u in flow.used]
   consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
@@ -22,7 +22,7 @@ def is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool
     return False
   fcfs = _pairing.fcfs_pairs(leaves, outputs, jax_donated)
   planned = plan.pairs()
-  device = {i for i, l in enumerate(leaves) if l.kind != _donation_plan.HOST}
+  device = {i for i, l in enumerate(leaves) if l.kind != Kind.HOST}
   if xla_decides:
     # jax.jit offers every donated input to XLA as a donor and XLA pairs them first come, first
     # served after partitioning: jax.jit's own path makes the plan when its pairs agree with that.
@@ -45,7 +45,7 @@ def first_come_only(options, plan, leaves, requested, flow, has_layouts: bool,
     return "custom layouts, which only jax.jit's own lowering handles"
   if replay and n_consts:
     return "constants hoisted into arguments, which only jax.jit's own lowering handles"
-  if any(leaves[i].kind == _donation_plan.REF for i in requested):
+  if any(leaves[i].kind == Kind.REF for i in requested):
     return "jax.Refs in donate_argnums, which only jax.jit's own lowering handles"
   differ = None if replay else _small_difference(plan, leaves, requested, flow, options)
   if differ:
@@ -79,7 +79,7 @@ def refs_beside_donors(plan, leaves, closed) -> bool:
   writes refs back: XLA may pair a donor with a ref's write-back and then rejects its own aliases
   (an internal error on jax 0.10 and 0.12). The replayed call states the shardings of the
   planned pairs instead (`_signature._inner`)."""
-  refs = (any(l.kind == _donation_plan.REF for l in leaves)
+  refs = (any(l.kind == Kind.REF for l in leaves)
           or any(isinstance(c, jax.Ref) for c in closed.consts))
   return refs and any(d.consumed for d in plan.decisions)
 

@@ -46,6 +46,8 @@ from donate import _route
 from donate import _donation_plan
 from donate import _symm
 from donate import _compat
+from donate import _text
+from donate._decision_types import Action, Cause, Request
 from donate._primitives import remember_donate_jit
 from donate._text import format_bytes
 
@@ -152,7 +154,7 @@ class Prepared:
     for an output whose sharding is stated)."""
     plan = self.plan
     managed = {i for i, d in enumerate(plan.decisions) if d.requested and d.action in _PLANNED}
-    donors = {i for i, d in enumerate(plan.decisions) if d.action == _donation_plan.DONOR}
+    donors = {i for i, d in enumerate(plan.decisions) if d.action == Action.DONOR}
     pairs = plan.pairs()
     pinned = {i for i in pairs if self.in_shardings[i] is not None
               and _route.num_devices(self.in_shardings[i]) > 1}
@@ -162,7 +164,7 @@ class Prepared:
     """`lower()` under the gate, JAX's own unusable-donation warning silenced; before it, an
     explicit alias that cannot hold (or, in strict mode, any unusable donation) raises, and after
     it the plan's per-leaf warning is given (`warn`)."""
-    explicit = [d for d in self.plan.unusable if d.source.startswith("alias at ")]
+    explicit = [d for d in self.plan.unusable if d.request == Request.ALIAS]
     if explicit or (self.fn.options.strict_unusable and self.plan.unusable):
       raise _errors.DonationError("donate: " + self.plan.explain_unusable(explicit or None))
     with self.fn.gate, warnings.catch_warnings():
@@ -202,11 +204,11 @@ class Prepared:
                                with_copies or bool(kwargs))
       if self.realiased and not kwargs and self.compiled is None:
         lowered, compiled, plan = self._lower_peak_of_two(lowered, compiled, plan, with_copies)
-      explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
+      explicit = [d for d in plan.unusable if d.request == Request.ALIAS]
       if explicit or (options.strict_unusable and len(plan.unusable) > len(self.plan.unusable)):
         raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
       late = [d for d, was in zip(plan.decisions, self.plan.decisions)
-              if d.action == _donation_plan.UNUSABLE and was.action == _donation_plan.ALIASED]
+              if d.action == Action.UNUSABLE and was.action == Action.ALIASED]
       if late and self.compiled is None:
         # Planned aliases the compiled program does not have: said once per compile, as lower
         # says the unusable donations it foresaw (a donor XLA did not reuse is silent, as in
@@ -361,7 +363,7 @@ def _arguments(fn: Function, call: _binding.Call, traced):
     key = (a.shape, a.dtype)
     fact = facts.get(key)
     if fact is None:
-      fact = facts[key] = (tuple(a.shape), _donation_plan.dtype_name(a.dtype),
+      fact = facts[key] = (tuple(a.shape), _text.dtype_name(a.dtype),
                            _binding.aval_nbytes(a))
     outputs.append(_donation_plan.OutputInfo(p, *fact, s))
   return leaves, outputs, in_sh, out_sh, has_layouts
@@ -377,17 +379,17 @@ def _make_plan(fn: Function, leaves, outputs, requested, flow, marked, xla_decid
   plan = _pairing.make_plan(fn.name, leaves, outputs, requested, flow,
                             keep_unused=options.keep_unused, adopt_inner=options.adopt_inner,
                             xla_decides=xla_decides, first_come=first_come,
-                            disabled=JAX_DISABLED if jax.config.jax_debug_nans else "")
+                            disabled=bool(jax.config.jax_debug_nans))
   comm = _symm.comm_buffers(marked)
   if comm:
     plan = dataclasses.replace(
         plan, notes=plan.notes + tuple(_symm.comm_buffer_report(comm)),
         collective_memory_bytes=_symm.collective_memory_bytes(comm))
-  if options.strict_unusable and any(d.reason.startswith(_donation_plan.NOT_A_DEVICE_BUFFER)
+  if options.strict_unusable and any(d.cause == Cause.NOT_A_DEVICE_BUFFER
                                      for d in plan.decisions if d.requested):
     raise _errors.DonationError(plan.explain_host())
   disabled = options.strict_unusable and [d.path for d in plan.decisions
-                                           if d.requested and d.reason == JAX_DISABLED]
+                                           if d.requested and d.cause == Cause.JAX_DEBUG_NANS]
   if disabled:
     raise _errors.DonationError(_errors.message(
         f"{fn.name}: strict mode, and JAX donates nothing while jax_debug_nans is on",
@@ -397,13 +399,7 @@ def _make_plan(fn: Function, leaves, outputs, requested, flow, marked, xla_decid
 
 
 # The actions of the leaves whose parameter attributes the plan sets (`with_plan_aliases`).
-_PLANNED = (_donation_plan.ALIASED, _donation_plan.DONOR, _donation_plan.UNUSABLE,
-            _donation_plan.UNUSED)
-
-# JAX's jit donates nothing while `jax_debug_nans` is on (it may rerun the function de-optimized,
-# which needs the inputs); `jax_debug_infs` does not turn donation off.
-JAX_DISABLED = ("not donated: jax_debug_nans is on, and JAX donates nothing then (it may rerun "
-                "the function de-optimized on the same inputs)")
+_PLANNED = (Action.ALIASED, Action.DONOR, Action.UNUSABLE, Action.UNUSED)
 
 
 def _inner(fn: Function, closed, plan, traced, leaves, in_sh, out_sh, gpu_options) -> Inner:

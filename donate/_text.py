@@ -1,4 +1,5 @@
-"""Text shared by every report (plans, copy records, the demo, the planner): sizes in bytes."""
+"""Text shared by every report (plans, copy records, the demo, the planner): sizes in bytes,
+shapes, dtypes and shardings."""
 
 from __future__ import annotations
 
@@ -37,3 +38,87 @@ def format_bytes(n) -> str:
     if abs(n) >= size:
       return f"{n / size:.1f} {unit}"
   return f"{n} B"
+
+
+def shape_text(shape) -> str:
+  return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def sharding_text(sharding) -> str:
+  return sharding_str(sharding) if sharding is not None else "unknown"
+
+
+def dtype_name(dtype) -> str:
+  """`str(dtype)`, remembered: numpy spells a dtype slowly, and a wide pytree asks thousands of
+  times for the same few.
+
+  >>> import numpy as np
+  >>> dtype_name(np.dtype("float32")), dtype_name(np.dtype("float32"))
+  ('float32', 'float32')
+  """
+  try:
+    return _DTYPE_NAMES[dtype]
+  except KeyError:
+    name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+  except TypeError:  # not hashable
+    return str(dtype)
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def sharding_str(sharding) -> str:
+  """A compact name for a sharding: `cpu:0`, `P('x', None)`, `host` (remembered per sharding:
+  every leaf of a wide pytree usually has one of a few).
+
+  >>> import jax
+  >>> sharding_str(jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  'cpu:0'
+  """
+  if sharding is None:
+    return "host"
+  global _LAST_SHARDING
+  last = _LAST_SHARDING  # one (sharding, text) pair, replaced whole: safe across threads
+  if last[0] is sharding:  # the leaves of one pytree usually share one sharding object
+    return last[1]
+  try:
+    text = _SHARDING_NAMES[sharding]
+    _LAST_SHARDING = (sharding, text)
+    return text
+  except (KeyError, TypeError):
+    pass
+  text = _sharding_str(sharding)
+  try:
+    if len(_SHARDING_NAMES) > 4096:
+      _SHARDING_NAMES.clear()
+    _SHARDING_NAMES[sharding] = text
+  except TypeError:  # not hashable
+    pass
+  return text
+
+
+_SHARDING_NAMES: dict = {}
+_LAST_SHARDING: tuple = (None, "")
+
+
+def _sharding_str(sharding) -> str:
+  spec = getattr(sharding, "spec", None)
+  if spec is not None:  # str() spells unreduced / reduced axes too
+    text = str(spec)
+    text = "P" + text[len("PartitionSpec"):] if text.startswith("PartitionSpec") else text
+    text = text[:-2] + ")" if text.endswith(",)") else text  # P('x',) reads P('x')
+  else:
+    try:
+      devices = sharding.device_set
+    except Exception:  # an abstract mesh has no devices
+      devices = None
+    if devices is not None and len(devices) == 1:
+      d = next(iter(devices))
+      text = f"{d.platform}:{d.id}"
+    else:
+      text = type(sharding).__name__
+  kind = getattr(sharding, "memory_kind", None)
+  if kind not in (None, "device"):
+    text += f"@{kind}"
+  return text

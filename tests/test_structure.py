@@ -6,6 +6,8 @@
   compatibility) can be read from the bottom up.
 - No module, class or function over its size limit, except the known offenders listed below.
 - Every committed notebook (.ipynb and docs/notebooks/ page) matches its source notebooks/*.py.
+- No code matches on the words of a decision or a message (`reason`, `source`, `str(e)`): it reads
+  the typed fields (`action`, `cause`, `request`) and exception types.
 
 Imports are read with `ast` from every donate/**/*.py: `import donate._x`, `from donate import _x`,
 `from donate._x import y` and relative imports, at any depth, function-level imports included (a
@@ -177,3 +179,103 @@ def test_committed_notebooks_match_their_sources():
   assert tool.sources(), "no notebooks/*.py"
   found = tool.orphans() + [p for source in tool.sources() for p in tool.problems(source)]
   assert not found, "\n".join(found)
+
+
+# ---- code reads typed fields, never words --------------------------------------------------------
+# The words of a decision (`reason`, `source`, a plan's `notes`) and of an exception (`str(e)`,
+# `e.args`, `e.message`) are for people: code reads `action`, `cause`, `request` and exception
+# types. A match on them is a comparison (==, !=, in, not in) with a string or an UPPER_CASE
+# constant, or a string method (startswith, removeprefix, find, split, ...) called on them.
+WORDED = {"reason", "source", "notes", "message", "args"}
+MATCHING = {"startswith", "endswith", "removeprefix", "removesuffix", "find", "rfind", "index",
+            "count", "split", "rsplit", "partition", "rpartition"}
+EXCEPTION_NAMES = {"e", "err", "error", "exc", "exception"}
+# path -> (the matching line's text, why it is not a match on words)
+WORD_MATCH_ALLOWED = {
+    "donate/_planner/memory_plan.py": (
+        'copies_from[b.name].reason == "out"',
+        "the planner's `Copy.reason` is a direction tag, \"in\" or \"out\", not words"),
+}
+
+
+def _is_text(node) -> bool:
+  """A string, a collection of strings, or a name spelled as a constant (`NOT_A_DEVICE_BUFFER`)."""
+  if isinstance(node, ast.Constant):
+    return isinstance(node.value, str)
+  if isinstance(node, ast.JoinedStr):
+    return True
+  if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+    return any(_is_text(e) for e in node.elts)
+  name = (node.id if isinstance(node, ast.Name) else
+          node.attr if isinstance(node, ast.Attribute) else "").lstrip("_")
+  return len(name) > 1 and name.isupper()
+
+
+def _is_words(node, exceptions: set[str]) -> bool:
+  """`x.reason`, `x.source`, ... (an object's own fields, `self.x`, excepted) or `str(e)` of an
+  exception."""
+  if isinstance(node, ast.Attribute) and node.attr in WORDED:
+    return not (isinstance(node.value, ast.Name) and node.value.id == "self")
+  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+      "str", "repr", "format"):
+    return (len(node.args) == 1 and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in exceptions)
+  return False
+
+
+def word_matches(text: str) -> list[int]:
+  """The lines of `text` (Python source) that match on the words of a decision or a message."""
+  tree = ast.parse(text)
+  exceptions = EXCEPTION_NAMES | {h.name for h in ast.walk(tree)
+                                  if isinstance(h, ast.ExceptHandler) and h.name}
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Compare) and any(
+        isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+      sides = [node.left, *node.comparators]
+      if any(_is_words(s, exceptions) for s in sides) and any(_is_text(s) for s in sides):
+        found.append(node.lineno)
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr in MATCHING and _is_words(node.func.value, exceptions)):
+      found.append(node.lineno)
+  return sorted(found)
+
+
+def test_word_matches_finds_matches_on_words():
+  planted = '''
+explicit = [d for d in plan.unusable if d.source.startswith("alias at ")]
+host = any(d.reason.startswith(_donation_plan.NOT_A_DEVICE_BUFFER) for d in plan.decisions)
+off = [d.path for d in plan.decisions if d.reason == JAX_DISABLED]
+got = d.reason.removeprefix(NOT_A_DEVICE_BUFFER)
+try:
+  pass
+except ValueError as failure:
+  if "donate" in str(failure):
+    raise
+plain = d.reason if d.source in ("-", "") else d.source
+'''
+  assert word_matches(planted) == [2, 3, 4, 5, 9, 11]
+  typed = '''
+explicit = [d for d in plan.unusable if d.request == Request.ALIAS]
+host = any(d.cause == Cause.NOT_A_DEVICE_BUFFER for d in plan.decisions)
+text = f"{d.reason} [{d.source}]" if d.requested else d.reason
+fn = "copy_out" if self.reason == "out" else "copy_in"
+token = "token" in str(result_type)
+'''
+  assert word_matches(typed) == []
+
+
+def test_no_code_matches_on_the_words_of_a_reason_or_a_message():
+  found, allowed_seen = [], set()
+  for path in sorted(PACKAGE.glob("*.py")) + sorted(PACKAGE.glob("*/*.py")):
+    rel = path.relative_to(REPO).as_posix()
+    lines = path.read_text().splitlines()
+    for line in word_matches(path.read_text()):
+      allowed = WORD_MATCH_ALLOWED.get(rel)
+      if allowed is not None and allowed[0] in lines[line - 1]:
+        allowed_seen.add(rel)
+      else:
+        found.append(f"{rel}:{line}: {lines[line - 1].strip()}")
+  assert not found, ("code that matches on the words of a decision or a message (read `action`, "
+                     "`cause`, `request` or the exception's type instead):\n" + "\n".join(found))
+  assert allowed_seen == set(WORD_MATCH_ALLOWED), "stale WORD_MATCH_ALLOWED entries"
