@@ -6,3 +6,10 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_platforms", "cpu")
+
+
+def pytest_configure(config):
+  """The `slow` marker: notebooks, subprocesses, the documentation site, property tests and
+  compiles for many targets. `pytest -m "not slow"` runs the rest, the unit tests, in about a
+  minute; the README's test command runs everything."""
+  config.addinivalue_line("markers", "slow: a test that runs long (excluded by -m 'not slow')")

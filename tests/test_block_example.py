@@ -3,9 +3,12 @@ loss and gradients as the unsharded reference, on 8 virtual CPU devices."""
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding
 
 from donate import _examples as examples
+
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
 
 
 def test_block_step_matches_the_unsharded_reference_on_cpu():

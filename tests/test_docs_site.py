@@ -22,6 +22,8 @@ import pytest
 import donate
 from donate import planner, symm, targets
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SITE = REPO / "docs" / "_build" / "html"
 REQUIRED = os.environ.get("DONATE_DOCS_REQUIRED") == "1"

@@ -19,6 +19,8 @@ from flax import linen as nn  # noqa: E402
 from flax import nnx  # noqa: E402
 from flax.training import train_state  # noqa: E402
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 STEPS = 4
 
 

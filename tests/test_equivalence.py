@@ -28,6 +28,8 @@ from jax import lax
 
 import donate
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 SHAPES = [(), (0,), (1,), (3,), (2, 3)]
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.int32, jnp.bool_]
 SETTINGS = hypothesis.settings(max_examples=200, deadline=None, derandomize=True, database=None,

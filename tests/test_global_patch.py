@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 pytest.importorskip("flax")
 pytest.importorskip("optax")
 pytest.importorskip("equinox")

@@ -26,7 +26,8 @@ from donate import targets
 from donate._symm.report import collectives
 from donate._symm.xla import spec_supported
 
-pytestmark = pytest.mark.skipif(not targets.available(), reason="needs the gpu-aot extra")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not targets.available(), reason="needs the gpu-aot extra")]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

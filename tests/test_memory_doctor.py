@@ -17,6 +17,8 @@ from jax.sharding import PartitionSpec as P
 import donate
 from donate._profile.categories import CATEGORIES
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 THIS = os.path.basename(__file__)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -22,6 +22,8 @@ import donate
 from donate import _profile
 from donate import targets
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 THIS = os.path.basename(__file__)
 MIB = 1 << 20
 

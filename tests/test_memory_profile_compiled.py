@@ -29,6 +29,8 @@ from donate._profile import proto
 
 import test_memory_profile as programs
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 
 def cond_step(x, y):
   return lax.cond(x.sum() > 0, lambda a: jnp.exp(a) * 2, lambda a: jnp.sin(a) + 1, y), x * 2

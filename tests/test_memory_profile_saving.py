@@ -14,6 +14,8 @@ import donate
 
 import test_memory_profile as programs
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 MIB = programs.MIB
 
 

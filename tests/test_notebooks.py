@@ -13,6 +13,8 @@ import pathlib
 
 import pytest
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 pytest.importorskip("jupytext")
 nbclient = pytest.importorskip("nbclient")
 

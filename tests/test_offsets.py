@@ -25,6 +25,8 @@ from donate._errors import DonationError
 from donate._planner import packing, search
 from donate._planner.offsets import OffsetAssignment, assign_offsets
 
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
+
 BENCH = Path(__file__).resolve().parent / "data" / "planner-bench" / "minimalloc"  # see SOURCE.md
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,6 +17,7 @@ import threading
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import donate
 
@@ -24,6 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from _multiprocess_step import initial, make_step  # noqa: E402
+
+pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
 
 N_THREADS, STEPS = 8, 200
 
