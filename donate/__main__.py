@@ -9,8 +9,7 @@ import argparse
 
 import jax.numpy as jnp
 
-from donate import _demo
-from donate import _jit
+from donate import _demo, _jit
 
 
 def main(argv=None) -> None:
@@ -26,12 +25,16 @@ def main(argv=None) -> None:
   print()
   rows = _demo.compare_swapped(n, args.steps)
   print(_demo.table(rows, reference="jax.jit(donate_argnums=(0, 1))"))
-  print("\nWhy jax.jit copies: it pairs donated inputs with outputs first come, first served "
-        "(a -> out[0], b -> out[1]), so b is not updated in place: XLA copies through "
-        "temporaries; donate.jit pairs by dataflow (b -> out[0], a -> out[1]).")
-  print("\nPeak = arguments + outputs - aliased + temporaries, from each compiled program's "
-        "memory_analysis(); step time is the median of the timed steps; ratios are against "
-        "jax.jit(donate_argnums=(0, 1)) in this run.")
+  print(
+    "\nWhy jax.jit copies: it pairs donated inputs with outputs first come, first served "
+    "(a -> out[0], b -> out[1]), so b is not updated in place: XLA copies through "
+    "temporaries; donate.jit pairs by dataflow (b -> out[0], a -> out[1])."
+  )
+  print(
+    "\nPeak = arguments + outputs - aliased + temporaries, from each compiled program's "
+    "memory_analysis(); step time is the median of the timed steps; ratios are against "
+    "jax.jit(donate_argnums=(0, 1)) in this run."
+  )
 
 
 if __name__ == "__main__":

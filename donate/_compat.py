@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import os
 import re
+from collections.abc import Container
 from typing import Any
 
 import jax
@@ -27,7 +28,10 @@ jax_jit = jax.jit
 # turn it into "file:line (function)" text; JAX's own errors use `summarize`.
 from jax._src import source_info_util as _source_info_util
 
-_HIDDEN = (os.path.dirname(jax.__file__), os.path.dirname(os.path.dirname(__file__)) + os.sep + "donate")
+_HIDDEN = (
+  os.path.dirname(jax.__file__),
+  os.path.dirname(os.path.dirname(__file__)) + os.sep + "donate",
+)
 
 
 def source_line(source_info=None) -> str:
@@ -51,7 +55,7 @@ from jax._src.interpreters import partial_eval as _pe
 
 
 def used_inputs(jaxpr) -> list[bool]:
-  """For each input of an open jaxpr, whether any output depends on it after dead-code elimination."""
+  """For each input of an open jaxpr, whether any output depends on it after dead-code removal."""
   _, used = _pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
   return list(used)
 
@@ -80,16 +84,22 @@ def trace_state_clean() -> bool:
   return _core.trace_state_clean()
 
 
-def jit_argnums(jitted) -> tuple[tuple[int, ...], tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
-  """`(static_argnums, static_argnames, donate_argnums, donate_argnames)` as `jax.jit` resolved them.
+def jit_argnums(
+  jitted,
+) -> tuple[tuple[int, ...], tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
+  """`(static_argnums, static_argnames, donate_argnums, donate_argnames)` as `jax.jit` has them.
 
   `jax.jit` resolves numbers and names through the signature (a name implies its position and the
   reverse) when it is constructed; reading its result keeps donate's binding identical to jax's.
   No public API returns the resolved tuples.
   """
   info = jitted._jit_info
-  return (tuple(info.static_argnums), tuple(info.static_argnames), tuple(info.donate_argnums),
-          tuple(info.donate_argnames))
+  return (
+    tuple(info.static_argnums),
+    tuple(info.static_argnames),
+    tuple(info.donate_argnums),
+    tuple(info.donate_argnames),
+  )
 
 
 def traced_flat_shardings(traced) -> tuple[tuple, tuple, bool]:
@@ -101,11 +111,15 @@ def traced_flat_shardings(traced) -> tuple[tuple, tuple, bool]:
   """
   params = traced._params
   n_consts = len(traced._consts)
-  unspec = lambda s: None if type(s).__name__ == "UnspecifiedValue" else s
+
+  def unspec(s):
+    return None if type(s).__name__ == "UnspecifiedValue" else s
+
   ins = tuple(unspec(s) for s in params["in_shardings"][n_consts:])
   outs = tuple(unspec(s) for s in params["out_shardings"])
-  layouts = any(l is not None for l in params["in_layouts"][n_consts:]) or any(
-      l is not None for l in params["out_layouts"])
+  layouts = any(x is not None for x in params["in_layouts"][n_consts:]) or any(
+    x is not None for x in params["out_layouts"]
+  )
   return ins, outs, layouts
 
 
@@ -196,17 +210,23 @@ from jax._src.interpreters import mlir as _mlir
 _ALIAS, _DONOR = "tf.aliasing_output", "jax.buffer_donor"
 
 
-def lowered_with_aliases(jax_lowered, n_traced: int, managed: set[int],
-                         aliases: dict[int, int], donors: set[int], pinned: set[int] = frozenset()):
+def lowered_with_aliases(
+  jax_lowered,
+  n_traced: int,
+  managed: set[int],
+  aliases: dict[int, int],
+  donors: set[int],
+  pinned: Container[int] = frozenset(),
+):
   """A copy of a `jax.stages.Lowered` in which each argument leaf of `managed` is aliased to
   user output `aliases[i]`, or offered as a buffer donor when in `donors`, or neither.
 
   `n_traced` traced constants precede the argument leaves in the lowering's kept inputs, which
   end `main`'s arguments but for the refs the function closes over (dimension variables, effect
-  tokens and constants come first); effect tokens come first among its results. An output aliased to a leaf of `pinned` whose sharding the
-  module leaves to propagation gets the leaf's sharding attribute (an alias needs both sides
-  sharded alike; `jax.jit` states it by `out_shardings`). Returns the lowered itself when its
-  module already says exactly that.
+  tokens and constants come first); effect tokens come first among its results. An output aliased
+  to a leaf of `pinned` whose sharding the module leaves to propagation gets the leaf's sharding
+  attribute (an alias needs both sides sharded alike; `jax.jit` states it by `out_shardings`).
+  Returns the lowered itself when its module already says exactly that.
   """
   lowering = jax_lowered._lowering
   kept = sorted(lowering.compile_args["kept_var_idx"])
@@ -215,22 +235,22 @@ def lowered_with_aliases(jax_lowered, n_traced: int, managed: set[int],
   context = original.context  # the lowering's own (a new context costs milliseconds)
   with context, ir.Location.unknown(context):
     module = ir.Module.parse(_mlir.module_to_bytecode(original))
-    main = ir.SymbolTable(module.operation)["main"]
+    main: Any = ir.SymbolTable(module.operation)["main"]  # a func.FuncOp, typed as any OpView
     n_args = len(main.arguments) - lowered_closed_over_refs(jax_lowered)
     if n_args < len(kept) or "arg_attrs" not in main.attributes:
       return jax_lowered
     tokens = 0
     while tokens < len(main.type.results) and "token" in str(main.type.results[tokens]):
       tokens += 1
-    args = [{a.name: a.attr for a in ir.DictAttr(d)} for d in ir.ArrayAttr(
-        main.attributes["arg_attrs"])]
+    args = _attr_dicts(ir, main.attributes["arg_attrs"])
     results = None
     changed = False
     for k, i in enumerate(kept):
       attrs, leaf = args[n_args - len(kept) + k], i - n_traced
       if leaf not in managed or "jax.global_constant" in attrs:
         continue
-      want = (tokens + aliases[leaf] if leaf in aliases else None, leaf in donors)
+      target = tokens + aliases[leaf] if leaf in aliases else None
+      want = (target, leaf in donors)
       have = (ir.IntegerAttr(attrs[_ALIAS]).value if _ALIAS in attrs else None, _DONOR in attrs)
       if want != have:
         changed = True
@@ -240,11 +260,10 @@ def lowered_with_aliases(jax_lowered, n_traced: int, managed: set[int],
           attrs[_ALIAS] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), want[0])
         elif want[1]:
           attrs[_DONOR] = ir.BoolAttr.get(True)
-      if leaf in aliases and leaf in pinned:
-        if results is None:
-          results = [{a.name: a.attr for a in ir.DictAttr(d)} for d in ir.ArrayAttr(
-              main.attributes["res_attrs"])] if "res_attrs" in main.attributes else None
-        out = results[want[0]] if results is not None and want[0] < len(results) else None
+      if target is not None and leaf in pinned:
+        if results is None and "res_attrs" in main.attributes:
+          results = _attr_dicts(ir, main.attributes["res_attrs"])
+        out = results[target] if results is not None and target < len(results) else None
         for name in _SHARDING_ATTRS:
           if out is not None and name in attrs and not any(n in out for n in _SHARDING_ATTRS):
             out[name] = attrs[name]
@@ -262,6 +281,12 @@ def lowered_with_aliases(jax_lowered, n_traced: int, managed: set[int],
 
 
 _SHARDING_ATTRS = ("sdy.sharding", "mhlo.sharding")  # Shardy's, and GSPMD's
+
+
+def _attr_dicts(ir, array_attr) -> list[dict[str, Any]]:
+  """An MLIR array of dictionary attributes as Python dicts (name -> attribute)."""
+  dicts: Any = ir.ArrayAttr(array_attr)  # the MLIR stubs type neither as iterable
+  return [{a.name: a.attr for a in ir.DictAttr(d)} for d in dicts]
 
 
 # `jax.clear_caches()` clears every cache registered here; donate's plans (which hold traced
@@ -370,6 +395,7 @@ class LoopLayout:
     body_consts: number of operands, after those, that are the body's constants.
     carries: number of loop carries.
   """
+
   kind: str
   body: Any
   cond: Any
@@ -404,6 +430,7 @@ def loop_layout(eqn) -> LoopLayout | None:
     return LoopLayout("scan", p["jaxpr"].jaxpr, None, 0, consts, carries)
   if name == "while":
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    return LoopLayout("while", p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr, cn, bn,
-                      len(eqn.invars) - cn - bn)
+    return LoopLayout(
+      "while", p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr, cn, bn, len(eqn.invars) - cn - bn
+    )
   return None

@@ -1,4 +1,4 @@
-"""Measurements shared by `python -m donate` and `benchmarks/`: each compares with `jax.jit` in one run.
+"""Measurements shared by `python -m donate` and `benchmarks/`: each against `jax.jit` in one run.
 
 Every figure comes from the compiled programs (`memory_analysis()`) or from timing real steps on
 this machine; nothing is estimated.
@@ -11,13 +11,12 @@ import gc
 import statistics
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-from donate import _compat
-from donate import _jit
+from donate import _compat, _jit
 from donate._donation_plan import MemoryStats
 from donate._text import format_bytes
 
@@ -30,6 +29,7 @@ def swapped_update(a, b):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Row:
   """One variant of one benchmark."""
+
   name: str
   donated: int
   reused: int
@@ -60,26 +60,53 @@ def compare_swapped(n: int = 2**26, steps: int = 10) -> list[Row]:
   shapes = (jax.ShapeDtypeStruct((n,), jnp.float32),) * 2
   ours = _jit.jit(swapped_update, donate_argnums=(0, 1))
   plan = ours.plan(*make())
-  rows = [Row("donate.jit", plan.bytes_requested, plan.bytes_reused, plan.memory,
-              _time_steps(ours, make, steps, feed))]
+  rows = [
+    Row(
+      "donate.jit",
+      plan.bytes_requested,
+      plan.bytes_reused,
+      plan.memory,
+      _time_steps(ours, make, steps, feed),
+    )
+  ]
   for name, donated in (("jax.jit(donate_argnums=(0, 1))", (0, 1)), ("jax.jit (no donation)", ())):
     fn = _compat.jax_jit(swapped_update, donate_argnums=donated)
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       memory = MemoryStats.from_compiled(fn.lower(*shapes).compile())
-    rows.append(Row(name, len(donated) * n * 4, memory.alias, memory,
-                    _time_steps(fn, make, steps, feed)))
+    assert memory is not None, "the CPU backend reports memory statistics"
+    rows.append(
+      Row(name, len(donated) * n * 4, memory.alias, memory, _time_steps(fn, make, steps, feed))
+    )
   return rows
 
 
 def table(rows: list[Row], reference: str) -> str:
   """A text table; ratios are against the row named `reference`."""
   ref = next(r for r in rows if r.name == reference)
-  head = ("variant", "donated", "reused", "temporaries", "peak", "peak ratio", "step ms",
-          "time ratio")
-  body = [(r.name, format_bytes(r.donated), format_bytes(r.reused), format_bytes(r.memory.temp),
-           format_bytes(r.memory.peak), f"{r.memory.peak / ref.memory.peak:.2f}x",
-           f"{r.seconds * 1e3:.2f}", f"{r.seconds / ref.seconds:.2f}x") for r in rows]
+  head = (
+    "variant",
+    "donated",
+    "reused",
+    "temporaries",
+    "peak",
+    "peak ratio",
+    "step ms",
+    "time ratio",
+  )
+  body = [
+    (
+      r.name,
+      format_bytes(r.donated),
+      format_bytes(r.reused),
+      format_bytes(r.memory.temp),
+      format_bytes(r.memory.peak),
+      f"{r.memory.peak / ref.memory.peak:.2f}x",
+      f"{r.seconds * 1e3:.2f}",
+      f"{r.seconds / ref.seconds:.2f}x",
+    )
+    for r in rows
+  ]
   widths = [max(len(x[k]) for x in [head, *body]) for k in range(len(head))]
   line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
   sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
@@ -89,5 +116,8 @@ def table(rows: list[Row], reference: str) -> str:
 def machine() -> str:
   import os
   import platform
-  return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"jax {jax.__version__}, backend {jax.default_backend()}")
+
+  return (
+    f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+    f"jax {jax.__version__}, backend {jax.default_backend()}"
+  )

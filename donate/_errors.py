@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 
 JAX_UNUSABLE_PREFIX = "Some donated buffers were not usable:"
-"""How `jax.jit`'s own warning starts; donate's warning starts the same way so filters keep working."""
+"""How `jax.jit`'s own warning starts; donate's starts the same way, so filters keep working."""
 
 
 class DonationError(ValueError):
@@ -74,11 +74,18 @@ class SymmetricMemoryWarning(UserWarning):
   """
 
 
-def message(what: str, *, path: str | None = None, expected: str | None = None,
-            got: str | None = None, fix: str | None = None) -> str:
+def message(
+  what: str,
+  *,
+  path: str | None = None,
+  expected: str | None = None,
+  got: str | None = None,
+  fix: str | None = None,
+) -> str:
   """Builds a message in the library's one shape.
 
-  >>> message("cannot donate", path="params['w']", expected="an array", got="int", fix="pass an array")
+  >>> message("cannot donate", path="params['w']", expected="an array", got="int",
+  ...         fix="pass an array")
   "donate: cannot donate at params['w']: expected an array, got int. Fix: pass an array."
   """
   text = f"donate: {what}"

@@ -38,7 +38,7 @@ class Gate:
 
 
 class Gated:
-  """The user's function as `jax.jit` sees it: it traces only while a donate slow path opens its gate.
+  """The user's function as `jax.jit` sees it: it traces only while a slow path opens its gate.
 
   One per user function, holding the function weakly (like `jax.jit`'s own caches), so every
   `donate.jit` of the same function shares `jax.jit`'s global trace, lowering and compile caches:
@@ -73,7 +73,7 @@ class Gated:
     return self._ref()(*args, **kwargs)
 
 
-_GATED: "weakref.WeakKeyDictionary[Any, Gated]" = weakref.WeakKeyDictionary()
+_GATED: weakref.WeakKeyDictionary[Any, Gated] = weakref.WeakKeyDictionary()
 _GATED_LOCK = threading.Lock()
 
 
@@ -92,9 +92,8 @@ def gated_for(fun) -> Gated:
     return gated
 
 
-
 class Plans:
-  """A `JitWrapped`'s plans, as JAX's cache registry sees them: `jax.clear_caches()` forgets them."""
+  """A `JitWrapped`'s plans as JAX's cache registry sees them: `jax.clear_caches()` forgets them."""
 
   def __init__(self, wrapped, name: str):
     self._ref = weakref.ref(wrapped)

@@ -21,17 +21,17 @@ import dataclasses
 
 # Per-block and per-core limits shared by Hopper (sm_90) and Blackwell (sm_100) in XLA's specs.
 _COMMON_LIMITS = (
-    ("threads_per_block_limit", 1024),
-    ("threads_per_warp", 32),
-    ("shared_memory_per_block", 49152),
-    ("shared_memory_per_core", 233472),
-    ("threads_per_core_limit", 2048),
+  ("threads_per_block_limit", 1024),
+  ("threads_per_warp", 32),
+  ("shared_memory_per_block", 49152),
+  ("shared_memory_per_core", 233472),
+  ("threads_per_core_limit", 2048),
 )
 _BLOCK_LIMITS = (
-    ("fpus_per_core", 128),
-    ("block_dim_limit_x", 2147483647),
-    ("block_dim_limit_y", 65535),
-    ("block_dim_limit_z", 65535),
+  ("fpus_per_core", 128),
+  ("block_dim_limit_x", 2147483647),
+  ("block_dim_limit_y", 65535),
+  ("block_dim_limit_z", 65535),
 )
 _REGISTERS = (("registers_per_core_limit", 65536), ("registers_per_block_limit", 65536))
 _SHARED_OPTIN = 232448
@@ -53,6 +53,7 @@ class GpuSpec:
     dnn_version: cuDNN (major, minor, patch) the spec names.
     source: the spec file in XLA's repository the figures come from.
   """
+
   name: str
   description: str
   core_count: int
@@ -66,32 +67,58 @@ class GpuSpec:
 
   def text(self) -> str:
     """The ``GpuTargetConfigProto`` text for ``get_topology_desc(target_config=...)``."""
-    info = [*_COMMON_LIMITS, ("core_count", self.core_count), *_BLOCK_LIMITS,
-            ("memory_bandwidth", self.memory_bandwidth), ("l2_cache_size", self.l2_cache_size),
-            ("clock_rate_ghz", self.clock_rate_ghz),
-            ("device_memory_size", self.device_memory_size),
-            ("shared_memory_per_block_optin", _SHARED_OPTIN)]
+    info = [
+      *_COMMON_LIMITS,
+      ("core_count", self.core_count),
+      *_BLOCK_LIMITS,
+      ("memory_bandwidth", self.memory_bandwidth),
+      ("l2_cache_size", self.l2_cache_size),
+      ("clock_rate_ghz", self.clock_rate_ghz),
+      ("device_memory_size", self.device_memory_size),
+      ("shared_memory_per_block_optin", _SHARED_OPTIN),
+    ]
     major, minor = self.compute_capability
     capability = f"    major: {major}\n" + (f"    minor: {minor}\n" if minor else "")
-    lines = ["gpu_device_info {", *(f"  {k}: {v}" for k, v in info),
-             "  cuda_compute_capability {", capability + "    feature_extension: "
-             "ACCELERATED_FEATURES", "  }", *(f"  {k}: {v}" for k, v in _REGISTERS), "}",
-             'platform_name: "CUDA"', "dnn_version_info {"]
+    lines = [
+      "gpu_device_info {",
+      *(f"  {k}: {v}" for k, v in info),
+      "  cuda_compute_capability {",
+      capability + "    feature_extension: ACCELERATED_FEATURES",
+      "  }",
+      *(f"  {k}: {v}" for k, v in _REGISTERS),
+      "}",
+      'platform_name: "CUDA"',
+      "dnn_version_info {",
+    ]
     lines += [f"  {k}: {v}" for k, v in zip(("major", "minor", "patch"), self.dnn_version) if v]
     lines += ["}", f'device_description_str: "{self.description}"']
     return "\n".join(lines) + "\n"
 
 
 SPECS = {
-    "h100": GpuSpec(
-        name="h100", description="NVIDIA H100 80GB HBM3", core_count=132,
-        compute_capability=(9, 0), memory_bandwidth=3352320000000, l2_cache_size=52428800,
-        clock_rate_ghz=1.98, device_memory_size=84942979072, dnn_version=(8, 9, 4),
-        source="xla/backends/gpu/target_config/specs/h100_sxm.txtpb"),
-    "b200": GpuSpec(
-        name="b200", description="NVIDIA B200", core_count=148,
-        compute_capability=(10, 0), memory_bandwidth=7672320000000, l2_cache_size=132644864,
-        clock_rate_ghz=1.965, device_memory_size=191514411008, dnn_version=(9, 7, 0),
-        source="xla/backends/gpu/target_config/specs/b200.txtpb"),
+  "h100": GpuSpec(
+    name="h100",
+    description="NVIDIA H100 80GB HBM3",
+    core_count=132,
+    compute_capability=(9, 0),
+    memory_bandwidth=3352320000000,
+    l2_cache_size=52428800,
+    clock_rate_ghz=1.98,
+    device_memory_size=84942979072,
+    dnn_version=(8, 9, 4),
+    source="xla/backends/gpu/target_config/specs/h100_sxm.txtpb",
+  ),
+  "b200": GpuSpec(
+    name="b200",
+    description="NVIDIA B200",
+    core_count=148,
+    compute_capability=(10, 0),
+    memory_bandwidth=7672320000000,
+    l2_cache_size=132644864,
+    clock_rate_ghz=1.965,
+    device_memory_size=191514411008,
+    dnn_version=(9, 7, 0),
+    source="xla/backends/gpu/target_config/specs/b200.txtpb",
+  ),
 }
 """The GPUs ``donate.targets`` can compile for, by short name."""

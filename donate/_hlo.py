@@ -42,14 +42,16 @@ HOST_MEMORY_SPACE = 5
 """XLA's host memory space (`S(5)`, memory kind `pinned_host`): never collective memory."""
 
 COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute",
-                    "all-to-all", "ragged-all-to-all")
+                    "all-to-all", "ragged-all-to-all")  # fmt: skip
 """The HLO collective opcodes that XLA:GPU can place in collective memory (sync or async form)."""
 
+# fmt: off
 _ITEMSIZE = {
     "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
     "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
     "token": 0, "opaque": 0,
 }
+# fmt: on
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 _MEMORY_SPACE = re.compile(r"S\((\d+)\)")
 _OPENERS, _CLOSERS = "({[", ")}]"
@@ -62,16 +64,17 @@ _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 @dataclasses.dataclass(frozen=True, slots=True)
 class Shape:
   """An array shape (`dtype`, `dims`, `layout`) or a tuple of shapes (`elements`)."""
+
   dtype: str | None
   dims: tuple[int, ...] = ()
-  elements: tuple["Shape", ...] | None = None
+  elements: tuple[Shape, ...] | None = None
   layout: str | None = None  # e.g. "{1,0}" or "{0:S(1)}", when printed
 
   @property
   def nbytes(self) -> int:
     if self.elements is not None:
       return sum(e.nbytes for e in self.elements)
-    size = _ITEMSIZE.get(self.dtype, 1 if self.dtype and self.dtype.startswith("f8") else 0)
+    size = _ITEMSIZE.get(self.dtype or "", 1 if self.dtype and self.dtype.startswith("f8") else 0)
     return size * math.prod(self.dims)
 
   @property
@@ -81,13 +84,13 @@ class Shape:
     return int(found.group(1)) if found else 0
 
   @property
-  def leaves(self) -> tuple["Shape", ...]:
+  def leaves(self) -> tuple[Shape, ...]:
     """The arrays of the shape, nested tuples flattened in order."""
     if self.elements is None:
       return (self,)
     return tuple(leaf for e in self.elements for leaf in e.leaves)
 
-  def element(self, index: int) -> "Shape":
+  def element(self, index: int) -> Shape:
     return self.elements[index] if self.elements is not None else self
 
   def __str__(self) -> str:
@@ -105,6 +108,7 @@ class Instruction:
   (attribute, computation) for every computation the instruction calls (`calls`, `to_apply`,
   `body`, `condition`, `branch_computations`, ...).
   """
+
   name: str
   shape: Shape
   opcode: str
@@ -126,9 +130,9 @@ class Instruction:
       return None
     start = k + len(key) + 2
     if start < len(text) and text[start] in '{(["':
-      return text[start:_close(text, start)]
+      return text[start : _close(text, start)]
     end = text.find(",", start)
-    return text[start:end if end >= 0 else len(text)].strip()
+    return text[start : end if end >= 0 else len(text)].strip()
 
   def metadata(self) -> dict[str, str]:
     return _fields(self.attr("metadata") or "")
@@ -198,6 +202,7 @@ class Instruction:
 @dataclasses.dataclass(slots=True, eq=False)
 class Computation:
   """One computation (the entry, a loop body, a fusion's kernel, ...): its instructions in order."""
+
   name: str
   is_entry: bool
   instructions: list[Instruction]
@@ -211,8 +216,10 @@ class Computation:
 
   @property
   def root(self) -> Instruction | None:
-    return next((i for i in self.instructions if i.is_root),
-                self.instructions[-1] if self.instructions else None)
+    return next(
+      (i for i in self.instructions if i.is_root),
+      self.instructions[-1] if self.instructions else None,
+    )
 
   def parameter(self, number: int) -> Instruction | None:
     return next((i for i in self.instructions if i.parameter_number == number), None)
@@ -221,6 +228,7 @@ class Computation:
 @dataclasses.dataclass(slots=True, eq=False)
 class Module:
   """A parsed HLO module: computations, the entry, aliases and source locations."""
+
   name: str
   computations: dict[str, Computation]
   entry: Computation
@@ -269,7 +277,7 @@ class Module:
 
 def collective_memory_spaces(module: Module) -> frozenset[int]:
   """The non-default, non-host memory spaces that collectives' buffers are in (`{1}`, `{7}`)."""
-  spaces = set()
+  spaces: set[int] = set()
   for instr in module.instructions():
     if instr.collective_kind or instr.opcode.endswith("-done"):
       spaces.update(s for s in instr.memory_spaces if s not in (0, HOST_MEMORY_SPACE))
@@ -333,14 +341,14 @@ def parse_shape(text: str) -> Shape:
   """Parses `f32[8,128]{1,0}` or a tuple `(s32[], f32[8]{0:S(1)})`; shapes repeat, so it caches."""
   text = text.strip()
   if text.startswith("("):
-    inner = text[1:_close(text, 0) - 1]
+    inner = text[1 : _close(text, 0) - 1]
     return Shape(None, (), tuple(parse_shape(p) for p in split_top(inner) if p.strip()))
   m = _ARRAY.match(text)
   if m is None:
     return Shape(text.split("[")[0] or None)
   dims = tuple(int(d.strip().lstrip("<=")) for d in m.group(2).split(",") if d.strip())
-  rest = text[m.end():]
-  return Shape(m.group(1), dims, None, rest[:_close(rest, 0)] if rest.startswith("{") else None)
+  rest = text[m.end() :]
+  return Shape(m.group(1), dims, None, rest[: _close(rest, 0)] if rest.startswith("{") else None)
 
 
 def tuple_element(name: str) -> tuple[str, int | None]:
@@ -380,11 +388,12 @@ def _instruction(line: str, position: int, computation: str) -> Instruction | No
   close_at = rest.find(")", open_at) + 1
   if _NESTED.search(rest, open_at + 1, close_at - 1):
     close_at = _close(rest, open_at)
-  opcode, inside = rest[:open_at].strip(), rest[open_at + 1:close_at - 1].strip()
-  operands = () if opcode in ("parameter", "constant", "iota") or not inside else tuple(
-      _operand_name(p) for p in split_top(inside))
-  return Instruction(name.strip().lstrip("%"), shape, opcode, operands, inside,
-                     rest[close_at:], position, computation, is_root)
+  opcode, inside = rest[:open_at].strip(), rest[open_at + 1 : close_at - 1].strip()
+  operands: tuple[str, ...] = ()
+  if opcode not in ("parameter", "constant", "iota") and inside:
+    operands = tuple(_operand_name(p) for p in split_top(inside))
+  name, tail = name.strip().lstrip("%"), rest[close_at:]
+  return Instruction(name, shape, opcode, operands, inside, tail, position, computation, is_root)
 
 
 def _aliases(header: str) -> dict[int, tuple[int, ...]]:
@@ -392,7 +401,7 @@ def _aliases(header: str) -> dict[int, tuple[int, ...]]:
   if start < 0:
     return {}
   start = header.index("{", start)
-  body = header[start + 1:_close(header, start) - 1]
+  body = header[start + 1 : _close(header, start) - 1]
   out = {}
   for entry in split_top(body):
     index, colon, target = entry.partition(":")
@@ -423,8 +432,9 @@ def _tables(lines: list[str]) -> tuple[dict[int, str], dict[int, int]]:
     where = f"{files.get(int(f.get('file_name_id', 0)), '?').strip(chr(34))}:{f.get('line', '?')}"
     func = funcs.get(int(f.get("function_name_id", 0)))
     locations[k] = where + (f" ({func.strip(chr(34))})" if func else "")
-  frames = {k: int(_fields(t).get("file_location_id", -1))
-            for k, t in tables.get("StackFrames", {}).items()}
+  frames = {
+    k: int(_fields(t).get("file_location_id", -1)) for k, t in tables.get("StackFrames", {}).items()
+  }
   return locations, frames
 
 
@@ -433,8 +443,12 @@ def _computations(lines: list[str]) -> dict[str, Computation]:
   computations, current = {}, None
   for line in lines:
     if current is None:
-      if line.rstrip().endswith("{") and line[:1] not in ("", " ", "\t") and " -> " in line \
-          and not line.startswith("HloModule"):
+      if (
+        line.rstrip().endswith("{")
+        and line[:1] not in ("", " ", "\t")
+        and " -> " in line
+        and not line.startswith("HloModule")
+      ):
         name = line.split("(")[0].split()[-1].lstrip("%")
         current = Computation(name, line.startswith("ENTRY"), [], {})
         computations[name] = current
@@ -450,9 +464,12 @@ def _computations(lines: list[str]) -> dict[str, Computation]:
 
 def _called(attrs_text: str, computations) -> tuple[tuple[str, str], ...]:
   """(attribute, computation) for every attribute value that names computations of the module."""
-  return tuple((key, name) for key, value in _CALL_CANDIDATES.findall(attrs_text)
-               for name in (n.strip().lstrip("%") for n in value.strip("{}").split(","))
-               if name in computations)
+  return tuple(
+    (key, name)
+    for key, value in _CALL_CANDIDATES.findall(attrs_text)
+    for name in (n.strip().lstrip("%") for n in value.strip("{}").split(","))
+    if name in computations
+  )
 
 
 def parse_module(text: str) -> Module:
@@ -472,5 +489,5 @@ def parse_module(text: str) -> Module:
       for attr, called in instr.called:
         callers.setdefault(called, []).append((instr, attr))
   locations, frames = _tables(lines)
-  return Module(header.split()[1].rstrip(","), computations, entry, _aliases(header), locations,
-                frames, callers, by_name)
+  name, aliases = header.split()[1].rstrip(","), _aliases(header)
+  return Module(name, computations, entry, aliases, locations, frames, callers, by_name)

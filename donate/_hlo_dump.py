@@ -39,6 +39,7 @@ class Allocation:
   `kind` is the rest of the allocation's header (`color 7, page 0, preallocated-temp`,
   `parameter 0, shape |f32[4]| at ShapeIndex {}`, ...); `values` are (value name, size, offset).
   """
+
   index: int
   size: int
   color: int
@@ -62,7 +63,9 @@ def parse_buffer_assignment(text: str) -> tuple[Allocation, ...]:
   Raises:
     ValueError: on a value line it cannot read (sizes summed from the rest would be wrong).
   """
-  out, head, values = [], None, []
+  out: list[Allocation] = []
+  head: tuple | None = None
+  values: list[tuple[str, int, int]] = []
 
   def flush():
     if head is not None:
@@ -92,8 +95,10 @@ def parse_buffer_assignment(text: str) -> tuple[Allocation, ...]:
 def parse_live_ranges(text: str) -> dict[str, tuple[int, int]]:
   """Value name (with its tuple index, `x{}`) -> (first, last) schedule position, both inclusive,
   from the `BufferLiveRange:` section of a `*live-range.txt` dump."""
-  return {m.group(1): (int(m.group(2)), int(m.group(3)))
-          for m in section_matches(text, "BufferLiveRange:", _RANGE)}
+  return {
+    m.group(1): (int(m.group(2)), int(m.group(3)))
+    for m in section_matches(text, "BufferLiveRange:", _RANGE)
+  }
 
 
 def section_matches(text: str, header: str, pattern: re.Pattern):

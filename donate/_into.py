@@ -26,23 +26,34 @@ def _is_none(x) -> bool:
 def _check_and_alias(out, result):
   out_leaves, out_tree = tree_util.tree_flatten_with_path(out, is_leaf=_is_none)
   res_leaves, res_tree = tree_util.tree_flatten(result)
-  if out_tree.num_leaves != res_tree.num_leaves or tree_util.tree_structure(
-      tree_util.tree_unflatten(out_tree, [0] * out_tree.num_leaves)) != res_tree:
-    raise _errors.DonationError(_errors.message(
+  if (
+    out_tree.num_leaves != res_tree.num_leaves
+    or tree_util.tree_structure(tree_util.tree_unflatten(out_tree, [0] * out_tree.num_leaves))
+    != res_tree
+  ):
+    raise _errors.DonationError(
+      _errors.message(
         "into(out): out does not match the structure of the function's output",
-        expected=str(res_tree), got=str(out_tree),
-        fix="pass a pytree shaped like the output, with None for outputs to allocate"))
+        expected=str(res_tree),
+        got=str(out_tree),
+        fix="pass a pytree shaped like the output, with None for outputs to allocate",
+      )
+    )
   written = []
   for (path, buf), res in zip(out_leaves, res_leaves):
     if buf is None:
       written.append(res)
       continue
     if tuple(buf.shape) != tuple(res.shape) or buf.dtype != res.dtype:
-      raise _errors.DonationError(_errors.message(
+      raise _errors.DonationError(
+        _errors.message(
           "into(out): a preallocated buffer does not fit its output",
           path="into" + tree_util.keystr(path),
-          expected=f"{res.dtype}{list(res.shape)}", got=f"{buf.dtype}{list(buf.shape)}",
-          fix="allocate it like the output (jnp.empty(shape, dtype)) or pass None"))
+          expected=f"{res.dtype}{list(res.shape)}",
+          got=f"{buf.dtype}{list(buf.shape)}",
+          fix="allocate it like the output (jnp.empty(shape, dtype)) or pass None",
+        )
+      )
     written.append(alias(buf, res, where="into(out)"))
   return tree_util.tree_unflatten(res_tree, written)
 
@@ -51,10 +62,15 @@ def check_buffers(out):
   """Every preallocated buffer is a `jax.Array` (or None): checked before anything is traced."""
   for path, buf in tree_util.tree_flatten_with_path(out, is_leaf=_is_none)[0]:
     if buf is not None and not isinstance(buf, jax.Array):
-      raise _errors.DonationError(_errors.message(
-          "into(out): a preallocated buffer must be a jax.Array", path="out" +
-          tree_util.keystr(path), expected="a jax.Array", got=type(buf).__name__,
-          fix="allocate it with jnp.empty/jnp.zeros on the device"))
+      raise _errors.DonationError(
+        _errors.message(
+          "into(out): a preallocated buffer must be a jax.Array",
+          path="out" + tree_util.keystr(path),
+          expected="a jax.Array",
+          got=type(buf).__name__,
+          fix="allocate it with jnp.empty/jnp.zeros on the device",
+        )
+      )
 
 
 def with_out(fun, name: str):
@@ -76,8 +92,10 @@ def with_out(fun, name: str):
     signature = None
   if signature is not None:  # keep the parameter names for paths and argnames
     out_param = inspect.Parameter("into", inspect.Parameter.POSITIONAL_ONLY)
-    with_out_.__signature__ = signature.replace(
-        parameters=[out_param, *signature.parameters.values()])
+    # What inspect.signature reads first: set on the function on purpose.
+    with_out_.__signature__ = signature.replace(  # type: ignore[attr-defined]
+      parameters=[out_param, *signature.parameters.values()]
+    )
   return with_out_
 
 

@@ -18,8 +18,7 @@ from typing import Any
 import jax.extend as jex
 import numpy as np
 
-from donate import _compat
-from donate import _primitives
+from donate import _compat, _primitives
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -34,6 +33,7 @@ class Sub:
     out_map: for each inner output, the index of the outer result it becomes, or None.
     transparent: True if buffers pass through unchanged between inside and outside.
   """
+
   key: str
   index: int | None
   jaxpr: Any
@@ -72,6 +72,7 @@ def _identity(n_inner: int, n_outer: int, offset: int = 0) -> tuple[int | None, 
 
 def _while_in_map(eqn, key: str, n_inner: int) -> tuple[int | None, ...]:
   loop = _compat.loop_layout(eqn)
+  assert loop is not None, "a while equation has a loop layout"
   cn, bn = loop.cond_consts, loop.body_consts
   nconsts, const_at = (cn, 0) if key == "cond_jaxpr" else (bn, cn)
   return tuple(const_at + i if i < nconsts else cn + bn + i - nconsts for i in range(n_inner))

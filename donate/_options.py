@@ -23,6 +23,7 @@ class Options:
   >>> Options(strict="copies").strict_copies, Options().keep_unused
   (True, False)
   """
+
   donate_argnums: Any = None
   donate_argnames: Any = None
   strict: Any = False
@@ -48,12 +49,17 @@ class Options:
 
   def keywords(self) -> dict:
     """The keywords of `donate.jit` that make this function again (for pickling)."""
-    return dict(self.jit_kwargs, donate_argnums=self.donate_argnums,
-                donate_argnames=self.donate_argnames, strict=self.strict,
-                adopt_inner_donation=self.adopt_inner, copy_threshold=self.copy_threshold,
-                symmetric_placement=self.symmetric_placement)
+    return dict(
+      self.jit_kwargs,
+      donate_argnums=self.donate_argnums,
+      donate_argnames=self.donate_argnames,
+      strict=self.strict,
+      adopt_inner_donation=self.adopt_inner,
+      copy_threshold=self.copy_threshold,
+      symmetric_placement=self.symmetric_placement,
+    )
 
-  def with_leading_argument(self) -> "Options":
+  def with_leading_argument(self) -> Options:
     """The options of `(extra, *args) -> fun(*args)`: every argument number moves up by one.
 
     >>> o = Options(donate_argnums=(0, -1), jit_kwargs={"static_argnums": 1})
@@ -81,7 +87,12 @@ def _strict_modes(strict) -> tuple[bool, bool]:
   modes = {strict} if isinstance(strict, (bool, str)) else set(strict)
   unknown = modes - {True, False, "unusable", "copies"}
   if unknown:
-    raise _errors.DonationError(_errors.message(
-        "donate.jit: unknown strict mode", expected="True, False, \"unusable\", \"copies\" or a "
-        "tuple of the last two", got=repr(strict), fix="pass strict=True or strict=\"copies\""))
+    raise _errors.DonationError(
+      _errors.message(
+        "donate.jit: unknown strict mode",
+        expected="True, False, \"unusable\", \"copies\" or a tuple of the last two",
+        got=repr(strict),
+        fix="pass strict=True or strict=\"copies\"",
+      )
+    )
   return bool(modes & {True, "unusable"}), "copies" in modes

@@ -8,8 +8,9 @@ installed JAX and the list of version-specific ones).
 
 The annotation primitives `donate_buffer_p` and `alias_p` are identities on values. They exist so
 that intent is recorded in the jaxpr at any nesting depth (inside `scan`, `cond`, nested `jit`,
-`shard_map`, `custom_vjp`, `vmap` and `grad`), where the planner finds it. They lower to nothing: the lowering returns the operand unchanged, and the planner
-turns the intent into buffer donors and input/output aliases on the outermost module.
+`shard_map`, `custom_vjp`, `vmap` and `grad`), where the planner finds it. They lower to nothing:
+the lowering returns the operand unchanged, and the planner turns the intent into buffer donors
+and input/output aliases on the outermost module.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from donate import _errors
-from donate import _compat
+from donate import _compat, _errors
 
+# fmt: off
+# The name tables, filled line by line (a formatter's one name per line would take 200 lines).
 IDENTITY = frozenset({
     "pvary", "pbroadcast", "pcast", "symmetric", "donate_buffer", "donate_alias",
     "optimization_barrier",
@@ -82,11 +84,12 @@ VERSION_SPECIFIC = frozenset({
 
 OWN = frozenset({"symmetric", "donate_buffer", "donate_alias"})
 """This package's own primitives (defined here and in ``donate._symm``)."""
+# fmt: on
 
 # The jaxprs of `donate.jit` functions (as `jax.jit` traced them). A call of one inside another
 # trace that `jax.jit` serves from its cache carries its donation in the call's `donated_invars`
 # instead of `donate_buffer` markers: an enclosing `donate.jit` honours it as its own marker.
-_donate_jit_jaxprs: "weakref.WeakSet" = weakref.WeakSet()
+_donate_jit_jaxprs: weakref.WeakSet = weakref.WeakSet()
 
 
 def remember_donate_jit(closed_jaxpr) -> None:
@@ -100,6 +103,7 @@ def is_donate_jit(closed_jaxpr) -> bool:
     return closed_jaxpr in _donate_jit_jaxprs
   except TypeError:  # not weakly referenceable: not one of ours
     return False
+
 
 donate_buffer_p = Primitive("donate_buffer")
 alias_p = Primitive("donate_alias")
@@ -124,11 +128,14 @@ mlir.register_lowering(donate_buffer_p, lambda ctx, x, **_: [x])
 def _alias_abstract(src, dst, *, where=None):
   del where
   if src.shape != dst.shape or src.dtype != dst.dtype:
-    raise _errors.DonationError(_errors.message(
+    raise _errors.DonationError(
+      _errors.message(
         f"alias(src, dst) needs src and dst of one shape and dtype ({_compat.source_line()})",
         expected=f"dst of src's type {src.str_short()}",
         got=f"dst {dst.str_short()}",
-        fix="alias only a value computed to replace src, e.g. alias(x, x + 1)"))
+        fix="alias only a value computed to replace src, e.g. alias(x, x + 1)",
+      )
+    )
   return dst
 
 

@@ -22,8 +22,7 @@ from typing import Any
 import jax
 
 from donate import _errors
-from donate._planner import liveness
-from donate._planner import memplan
+from donate._planner import liveness, memplan
 from donate._planner.memory_plan import MemoryPlan as MemoryPlan
 from donate._planner.offsets import OffsetAssignment as OffsetAssignment
 from donate._planner.offsets import assign_offsets as assign_offsets
@@ -33,13 +32,29 @@ from donate._planner.records import Copy as Copy
 from donate._planner.records import LiveRange as LiveRange
 from donate._planner.records import Pool as Pool
 
-__all__ = ["Allocation", "Buffer", "Copy", "LiveRange", "MemoryPlan", "OffsetAssignment", "Pool",
-           "assign_offsets", "plan_memory"]
+__all__ = [
+  "Allocation",
+  "Buffer",
+  "Copy",
+  "LiveRange",
+  "MemoryPlan",
+  "OffsetAssignment",
+  "Pool",
+  "assign_offsets",
+  "plan_memory",
+]
 
 
-def plan_memory(fun: Callable[..., Any], *args: Any, strict: bool = False, alignment: int = 64,
-                time_limit: float = 2.0, inplace: bool = True,
-                donate_argnums: int | Sequence[int] = (), **kwargs: Any) -> MemoryPlan:
+def plan_memory(
+  fun: Callable[..., Any],
+  *args: Any,
+  strict: bool = False,
+  alignment: int = 64,
+  time_limit: float = 2.0,
+  inplace: bool = True,
+  donate_argnums: int | Sequence[int] = (),
+  **kwargs: Any,
+) -> MemoryPlan:
   """Traces `fun` on `args` and plans where every buffer lives.
 
   Buffers are the values that need memory: arguments, intermediates (including those inside
@@ -78,7 +93,8 @@ def plan_memory(fun: Callable[..., Any], *args: Any, strict: bool = False, align
   ...   return jnp.tanh(x @ y) + 1
   >>> plan = planner.plan_memory(f, jax.ShapeDtypeStruct((8, 8), jnp.float32), jnp.ones((8, 8)))
   >>> [(b.name, b.role, str(b.live_range)) for b in plan.buffers]
-  [('x', 'input', '[0, 3)'), ('y', 'input', '[0, 3)'), ('buf2', 'regular', '[0, 2)'), ('buf3', 'regular', '[1, 3)'), ('out', 'output', '[2, 3)')]
+  [('x', 'input', '[0, 3)'), ('y', 'input', '[0, 3)'), ('buf2', 'regular', '[0, 2)'),
+   ('buf3', 'regular', '[1, 3)'), ('out', 'output', '[2, 3)')]
   >>> plan.arena.size, plan.arena.lower_bound  # tanh and + reuse the matmul's buffer in place
   (768, 768)
   """
@@ -86,11 +102,17 @@ def plan_memory(fun: Callable[..., Any], *args: Any, strict: bool = False, align
   closed, comm = _comm_buffers(closed)
   lv = liveness.live_ranges(closed)
   return memplan.plan(
-      lv, name=getattr(fun, "__name__", type(fun).__name__),
-      arg_names=_arg_names(fun, args, kwargs),
-      out_names=_out_names(out_shape), donated=_donated_leaves(args, kwargs, donate_argnums),
-      comm=_comm_values(comm, lv), strict=strict, alignment=alignment, time_limit=time_limit,
-      inplace=inplace)
+    lv,
+    name=getattr(fun, "__name__", type(fun).__name__),
+    arg_names=_arg_names(fun, args, kwargs),
+    out_names=_out_names(out_shape),
+    donated=_donated_leaves(args, kwargs, donate_argnums),
+    comm=_comm_values(comm, lv),
+    strict=strict,
+    alignment=alignment,
+    time_limit=time_limit,
+    inplace=inplace,
+  )
 
 
 def _arg_names(fun, args, kwargs) -> list[str]:
@@ -114,8 +136,10 @@ def _arg_names(fun, args, kwargs) -> list[str]:
 
 
 def _out_names(out_shape) -> list[str]:
-  return ["out" + jax.tree_util.keystr(path)
-          for path, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]]
+  return [
+    "out" + jax.tree_util.keystr(path)
+    for path, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]
+  ]
 
 
 def _donated_leaves(args, kwargs, donate_argnums) -> set[int]:
@@ -123,14 +147,20 @@ def _donated_leaves(args, kwargs, donate_argnums) -> set[int]:
   nums = (donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums)
   bad = [n for n in nums if not -len(args) <= n < len(args)]
   if bad:
-    raise _errors.DonationError(_errors.message(
-        "donate_argnums out of range", expected=f"indices into {len(args)} positional arguments",
-        got=repr(bad), fix="donate only positional arguments that exist"))
-  nums = {n % len(args) for n in nums}
-  flat, first = set(), 0
+    raise _errors.DonationError(
+      _errors.message(
+        "donate_argnums out of range",
+        expected=f"indices into {len(args)} positional arguments",
+        got=repr(bad),
+        fix="donate only positional arguments that exist",
+      )
+    )
+  donated = {n % len(args) for n in nums}
+  flat: set[int] = set()
+  first = 0
   for i, arg in enumerate(args):
     count = len(jax.tree_util.tree_leaves(arg))
-    if i in nums:
+    if i in donated:
       flat.update(range(first, first + count))
     first += count
   return flat
@@ -153,8 +183,13 @@ def _comm_values(comm_buffers, lv: liveness.Liveness) -> dict[int, tuple[str, tu
     key = (cb.kind, tuple(cb.group))
     for value_id in lv.instances.get(cb.var, ()):
       if comm.setdefault(value_id, key) != key:
-        raise _errors.DonationError(_errors.message(
-            "a value is marked for two comm-buffer pools", path=f"{cb.producer} output",
-            expected=f"one (kind, group), {comm[value_id]}", got=repr(key),
-            fix="mark a copy of the value for the second group, e.g. with_symmetric(x + 0, ...)"))
+        raise _errors.DonationError(
+          _errors.message(
+            "a value is marked for two comm-buffer pools",
+            path=f"{cb.producer} output",
+            expected=f"one (kind, group), {comm[value_id]}",
+            got=repr(key),
+            fix="mark a copy of the value for the second group, e.g. with_symmetric(x + 0, ...)",
+          )
+        )
   return comm

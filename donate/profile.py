@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     argv: `[--out DIR] script.py [args...]` or `[--out DIR] -m package.module [args...]`.
   """
   from donate._profile import script
+
   out, path, module, script_argv = script.parse(list(sys.argv[1:] if argv is None else argv))
   if path is None and module is None:
     print(script.usage(), file=sys.stderr)

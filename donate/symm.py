@@ -1,4 +1,4 @@
-"""Symmetric memory for collectives: annotate the values, place them on GPUs, check where they landed.
+"""Symmetric memory for collectives: annotate the values, place them on GPUs, check where they land.
 
 Three ways to say "this value feeds a collective, give it symmetric memory":
 
@@ -51,25 +51,23 @@ from collections.abc import Sequence
 import jax
 
 from donate import planner
-from donate._errors import DonationError
+from donate._compat import bound_axis_names
+from donate._errors import DonationError, message
 from donate._errors import SymmetricMemoryWarning as SymmetricMemoryWarning
-from donate._errors import message
 from donate._symm import check as _check
 from donate._symm import xla as _xla
 from donate._symm.check import PlacementCheck as PlacementCheck
-from donate._symm.prim import check_bound
-from donate._symm.prim import check_kind
-from donate._symm.prim import mark
-from donate._symm.prim import normalize_axes
-from donate._symm.prim import scope_name
+from donate._symm.prim import check_bound, check_kind, mark, normalize_axes, scope_name
 from donate._symm.registry import Requirement as Requirement
-from donate._symm.registry import builtin_argnums
+from donate._symm.registry import (
+  builtin_argnums,
+  collective_primitive_names,
+  register,
+  user_argnums,
+  wrap_collective,
+)
 from donate._symm.registry import clear as _clear
-from donate._symm.registry import collective_primitive_names
-from donate._symm.registry import register
 from donate._symm.registry import requirements as _requirements
-from donate._symm.registry import user_argnums
-from donate._symm.registry import wrap_collective
 from donate._symm.report import Placement as Placement
 from donate._symm.report import PlacementReport as PlacementReport
 from donate._symm.report import placement_report as placement_report
@@ -84,38 +82,37 @@ from donate._symm.xla import PlacementPolicy as PlacementPolicy
 from donate._symm.xla import compile_options_for as compile_options_for
 from donate._symm.xla import placement_policy as placement_policy
 from donate._symm.xla import target_platform as target_platform
-from donate._compat import bound_axis_names
 
 __all__ = [
-    # annotations
-    "with_symmetric",
-    "requires_symmetric",
-    "symmetric_memory",
-    "registered_requirements",
-    "clear_requirements",
-    "Requirement",
-    # the buffers they ask for
-    "mark_required",
-    "comm_buffers",
-    "CommBuffer",
-    # placement on a GPU target
-    "target_platform",
-    "placement_policy",
-    "compile_options_for",
-    "PlacementPolicy",
-    "configure",
-    # where the values landed, and how much collective memory it takes
-    "placement_report",
-    "PlacementReport",
-    "Placement",
-    "SymmetricMemoryWarning",
-    "xla_collective_memory",
-    "XlaCollectiveMemory",
-    "sizing_table",
-    "SizingRow",
-    # all of it for one program
-    "check_placement",
-    "PlacementCheck",
+  # annotations
+  "with_symmetric",
+  "requires_symmetric",
+  "symmetric_memory",
+  "registered_requirements",
+  "clear_requirements",
+  "Requirement",
+  # the buffers they ask for
+  "mark_required",
+  "comm_buffers",
+  "CommBuffer",
+  # placement on a GPU target
+  "target_platform",
+  "placement_policy",
+  "compile_options_for",
+  "PlacementPolicy",
+  "configure",
+  # where the values landed, and how much collective memory it takes
+  "placement_report",
+  "PlacementReport",
+  "Placement",
+  "SymmetricMemoryWarning",
+  "xla_collective_memory",
+  "XlaCollectiveMemory",
+  "sizing_table",
+  "SizingRow",
+  # all of it for one program
+  "check_placement",
+  "PlacementCheck",
 ]
 
 
@@ -222,15 +219,24 @@ def requires_symmetric(collective=None, argnums=0, *, kind: str = "symm_mem", ax
   names = collective_primitive_names(collective)
   if names is not None:
     if not names:
-      raise DonationError(message(
+      raise DonationError(
+        message(
           f"requires_symmetric found no collective primitive in {collective!r}",
-          expected="a JAX collective", got=repr(collective)))
+          expected="a JAX collective",
+          got=repr(collective),
+        )
+      )
     register(names, builtin_argnums(argnums, collective), kind)
     return collective
   if not callable(collective):
-    raise DonationError(message(
-        "requires_symmetric needs a collective", expected="a JAX collective, a primitive or a "
-        "callable", got=type(collective).__name__, fix="pass the collective function itself"))
+    raise DonationError(
+      message(
+        "requires_symmetric needs a collective",
+        expected="a JAX collective, a primitive or a callable",
+        got=type(collective).__name__,
+        fix="pass the collective function itself",
+      )
+    )
   if axis_name is not None:
     normalize_axes(axis_name, where="requires_symmetric")
   return wrap_collective(collective, user_argnums(argnums, collective), kind, axis_name)
@@ -291,9 +297,15 @@ def symmetric_memory(axis_name, *, kind: str = "symm_mem"):
     yield
 
 
-def check_placement(fun, *args, donate_argnums: int | Sequence[int] = (), enabled: bool = True,
-                    plan: bool = True, plan_time_limit: float = 0.5,
-                    **jit_kwargs) -> PlacementCheck:
+def check_placement(
+  fun,
+  *args,
+  donate_argnums: int | Sequence[int] = (),
+  enabled: bool = True,
+  plan: bool = True,
+  plan_time_limit: float = 0.5,
+  **jit_kwargs,
+) -> PlacementCheck:
   """Compiles ``fun`` for its arguments' target with the placement options, and reads the result.
 
   What ``donate.jit`` does on a GPU target, with plain ``jax.jit``: trace ``fun`` (registered
@@ -318,8 +330,9 @@ def check_placement(fun, *args, donate_argnums: int | Sequence[int] = (), enable
   >>> check.platform, check.policy.options, check.planned_bytes, check.memory.nbytes
   ('cpu', {}, 0, 0)
   """
-  found = _check.check_placement(fun, *args, donate_argnums=donate_argnums, enabled=enabled,
-                                 **jit_kwargs)
+  found = _check.check_placement(
+    fun, *args, donate_argnums=donate_argnums, enabled=enabled, **jit_kwargs
+  )
   if not plan:
     return found
   pools = planner.plan_memory(fun, *args, time_limit=plan_time_limit)

@@ -25,16 +25,24 @@ from collections.abc import Sequence
 import jax
 import jaxlib
 
-from donate._errors import DonationError
-from donate._errors import message
+from donate._errors import DonationError, message
 from donate._gpu_targets import SPECS
 from donate._gpu_targets import GpuSpec as GpuSpec
 
-__all__ = ["GpuSpec", "available", "gpu_mesh", "gpu_names", "gpu_spec", "gpu_topology",
-           "target_config"]
+__all__ = [
+  "GpuSpec",
+  "available",
+  "gpu_mesh",
+  "gpu_names",
+  "gpu_spec",
+  "gpu_topology",
+  "target_config",
+]
 
 _PLUGIN = "jax-cuda12-plugin"
-_INSTALL = f'pip install "jax-donate[gpu-aot]" (or: pip install "jax[cuda12-local]=={jax.__version__}")'
+_INSTALL = (
+  f'pip install "jax-donate[gpu-aot]" (or: pip install "jax[cuda12-local]=={jax.__version__}")'
+)
 
 
 def gpu_names() -> tuple[str, ...]:
@@ -57,8 +65,11 @@ def gpu_spec(name: str) -> GpuSpec:
   """
   spec = SPECS.get(str(name).lower())
   if spec is None:
-    raise DonationError(message(f"no GPU target named {name!r}", expected="one of "
-                                + ", ".join(gpu_names()), got=repr(name)))
+    raise DonationError(
+      message(
+        f"no GPU target named {name!r}", expected="one of " + ", ".join(gpu_names()), got=repr(name)
+      )
+    )
   return spec
 
 
@@ -94,18 +105,27 @@ def _check_plugin(version: str | None) -> None:
   if version == jaxlib.__version__:
     return
   got = "not installed" if version is None else f"{_PLUGIN} {version}"
-  raise DonationError(message(
+  raise DonationError(
+    message(
       "compiling for a GPU target needs the CUDA plugin at the jaxlib version",
-      expected=f"{_PLUGIN} and jax-cuda12-pjrt {jaxlib.__version__}", got=got, fix=_INSTALL))
+      expected=f"{_PLUGIN} and jax-cuda12-pjrt {jaxlib.__version__}",
+      got=got,
+      fix=_INSTALL,
+    )
+  )
 
 
 def _topology_string(num_devices: int) -> str:
   if num_devices <= 8:
     return f"1x1x{num_devices}"
   if num_devices % 8:
-    raise DonationError(message(
-        "a multi-host GPU topology needs whole hosts", expected="1 to 8 devices, or a multiple "
-        "of 8", got=str(num_devices)))
+    raise DonationError(
+      message(
+        "a multi-host GPU topology needs whole hosts",
+        expected="1 to 8 devices, or a multiple of 8",
+        got=str(num_devices),
+      )
+    )
   return f"1x{num_devices // 8}x8"
 
 
@@ -125,29 +145,41 @@ def gpu_topology(name: str, num_devices: int = 8):
       to install).
   """
   from jax.experimental import topologies
+
   spec = gpu_spec(name)
   if not isinstance(num_devices, int) or num_devices < 1:
-    raise DonationError(message("gpu_topology needs a device count", expected="a positive int",
-                                got=repr(num_devices)))
+    raise DonationError(
+      message("gpu_topology needs a device count", expected="a positive int", got=repr(num_devices))
+    )
   topology = _topology_string(num_devices)
   _check_plugin(_plugin_version())
   try:
-    return topologies.get_topology_desc(spec.name, "cuda", target_config=spec.text(),
-                                        topology=topology)
+    return topologies.get_topology_desc(
+      spec.name, "cuda", target_config=spec.text(), topology=topology
+    )
   except NotImplementedError as e:  # the plugin found no CUDA libraries and did not register
     _raise_unregistered(e)
 
 
 def _raise_unregistered(error: Exception):
-  raise DonationError(message(
+  raise DonationError(
+    message(
       "the CUDA plugin is installed but did not register with JAX (without jax_platforms it "
-      "checks for CUDA libraries, and this machine has none)", got=str(error),
+      "checks for CUDA libraries, and this machine has none)",
+      got=str(error),
       fix='call jax.config.update("jax_platforms", "cpu") (or set JAX_PLATFORMS=cpu) before '
-      "JAX starts its backends; compile-only GPU targets work with it")) from None
+      "JAX starts its backends; compile-only GPU targets work with it",
+    )
+  ) from None
 
 
-def gpu_mesh(name: str, num_devices: int = 8, axis_names: Sequence[str] = ("x",), *,
-             shape: Sequence[int] | None = None) -> jax.sharding.Mesh:
+def gpu_mesh(
+  name: str,
+  num_devices: int = 8,
+  axis_names: Sequence[str] = ("x",),
+  *,
+  shape: Sequence[int] | None = None,
+) -> jax.sharding.Mesh:
   """Returns a mesh of ``num_devices`` compile-only GPUs ``name``, for ahead-of-time compiles.
 
   Args:
@@ -174,9 +206,13 @@ def gpu_mesh(name: str, num_devices: int = 8, axis_names: Sequence[str] = ("x",)
   axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
   shape = (num_devices,) if shape is None and len(axis_names) == 1 else shape
   if shape is None or len(shape) != len(axis_names) or math.prod(shape) != num_devices:
-    raise DonationError(message(
+    raise DonationError(
+      message(
         "gpu_mesh needs one size per axis name, multiplying to the device count",
         expected=f"{len(axis_names)} sizes with product {num_devices}",
-        got="no shape" if shape is None else repr(tuple(shape))))
+        got="no shape" if shape is None else repr(tuple(shape)),
+      )
+    )
   from jax.experimental import topologies
+
   return topologies.make_mesh(gpu_topology(name, num_devices), tuple(shape), axis_names)

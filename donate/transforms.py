@@ -6,10 +6,10 @@ jaxpr at any nesting depth (see `donate._primitives`), and the outermost `jit` h
 
 from donate._jit import JitWrapped as JitWrapped
 from donate._jit import jit as jit
+from donate._primitives import alias as alias
+from donate._primitives import donate_buffer as donate_buffer
 from donate._stages import Compiled as Compiled
 from donate._stages import Lowered as Lowered
 from donate._stages import Traced as Traced
-from donate._primitives import alias as alias
-from donate._primitives import donate_buffer as donate_buffer
 
 __all__ = ["Compiled", "JitWrapped", "Lowered", "Traced", "alias", "donate_buffer", "jit"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import operator
 import time
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ def _neighbours(lo: list[int], hi: list[int]) -> list[list[int]]:
   pick = np.argsort(x, kind="stable")
   y = y[pick].tolist()
   bounds = np.searchsorted(x[pick], np.arange(m + 1)).tolist()
-  return [y[bounds[i]:bounds[i + 1]] for i in range(m)]
+  return [y[bounds[i] : bounds[i + 1]] for i in range(m)]
 
 
 def ranked(labels, heuristic: str, keys) -> list[int]:
@@ -65,10 +66,15 @@ class Layout:
     size, lo, hi, totals = part.size, part.lo, part.hi, part.totals
     m = len(size)
     self.size, self.lo, self.hi, self.floor, self.totals = size, lo, hi, part.floor, totals
-    spans = [h - l for l, h in zip(lo, hi)]
-    self.keys = {"W": part.length, "A": [w * z for w, z in zip(part.length, size)],
-                 "T": [max(totals[lo[i]:hi[i]]) for i in range(m)], "Z": size, "C": spans,
-                 "B": [w * z for w, z in zip(spans, size)]}
+    spans = [h - low for low, h in zip(lo, hi)]
+    self.keys = {
+      "W": part.length,
+      "A": [w * z for w, z in zip(part.length, size)],
+      "T": [max(totals[lo[i] : hi[i]]) for i in range(m)],
+      "Z": size,
+      "C": spans,
+      "B": [w * z for w, z in zip(spans, size)],
+    }
     self.neighbours = _neighbours(lo, hi)
     section_members = [[m] for _ in totals]  # id m is a sentinel, always unplaced-INF
     self.cuts = [0] * len(totals)  # cuts[c]: buffers spanning sections c and c + 1
@@ -88,27 +94,18 @@ class Layout:
     return ranked(range(len(self.size)), heuristic, self.keys)
 
 
-class Descent:
-  """The search for a packing of one part under ``cap``, in one preorder, paused between calls.
+class Resumable:
+  """What the two descents share, this module's over lists and `dfs_array`'s over arrays: a
+  search on an explicit stack of generators, paused between calls. Each sets these in its
+  `__init__` (their types differ: lists and dicts here, numpy arrays there)."""
 
-  A group's buffers are listed in preorder, so that the key ``offset << shift | position``
-  orders candidates by offset, then preorder, and names the buffer. Call `feasible` once before
-  the first `resume`.
-  """
+  sections: Any
+  stack: list
+  nodes: list[int]
+  clock: list[float]
 
-  def __init__(self, layout: Layout, heuristic: str, order: list[int], cap: int):
-    self.layout, self.heuristic, self.cap = layout, heuristic, cap
-    size = layout.size
-    self.sections = _Sections(layout, cap)
-    self.total, self.least = self.sections.total, self.sections.least
-    self.solution: dict[int, int] = {}
-    self.failed: set[tuple] = set()
-    self.solved: dict[tuple, dict[int, int]] = {}
-    self.nodes, self.clock = [0], [0.0]  # nodes left in this budget; the deadline
-    self.padded = (size + [0], layout.lo + [0], layout.hi + [0])
-    self.hot = (size, layout.lo, layout.hi, layout.neighbours, layout.around, self.total,
-                self.least, list(layout.cuts), cap, self.nodes, self.clock, layout.shift)
-    self.stack = [self.visit(self.group(order, 0, len(self.total)), -1, 0)]
+  def answer(self) -> list[int]:
+    raise NotImplementedError
 
   def feasible(self) -> bool:
     """Whether every buffer fits above its floor, and every section fits, under ``cap``."""
@@ -131,6 +128,29 @@ class Descent:
       stack.append(sub)
       value = None
     return self.answer() if value else "infeasible"
+
+
+class Descent(Resumable):
+  """The search for a packing of one part under ``cap``, in one preorder, paused between calls.
+
+  A group's buffers are listed in preorder, so that the key ``offset << shift | position``
+  orders candidates by offset, then preorder, and names the buffer. Call `feasible` once before
+  the first `resume`.
+  """
+
+  def __init__(self, layout: Layout, heuristic: str, order: list[int], cap: int):
+    self.layout, self.heuristic, self.cap = layout, heuristic, cap
+    size = layout.size
+    self.sections = _Sections(layout, cap)
+    self.total, self.least = self.sections.total, self.sections.least
+    self.solution: dict[int, int] = {}
+    self.failed: set[tuple] = set()
+    self.solved: dict[tuple, dict[int, int]] = {}
+    self.nodes, self.clock = [0], [0.0]  # nodes left in this budget; the deadline
+    self.padded = (size + [0], layout.lo + [0], layout.hi + [0])
+    hot = (size, layout.lo, layout.hi, layout.neighbours, layout.around, self.total, self.least)
+    self.hot = (*hot, list(layout.cuts), cap, self.nodes, self.clock, layout.shift)
+    self.stack = [self.visit(self.group(order, 0, len(self.total)), -1, 0)]
 
   def answer(self) -> list[int]:
     """The offsets found, by local id."""
@@ -159,7 +179,7 @@ class Descent:
     if known is not None:
       self.solution.update(known)
       return True
-    fullest = {j: max(total[lo[j]:hi[j]]) for j in labels}
+    fullest = {j: max(total[lo[j] : hi[j]]) for j in labels}
     labels = ranked(labels, self.heuristic, {**self.layout.keys, "T": fullest})
     done = yield self.visit(self.group(labels, a, b), -1, 0)
     if len(self.failed) + len(self.solved) < MEMO_LIMIT:
@@ -172,7 +192,7 @@ class Descent:
   def decompose(self, grp: tuple, starts: list[int]):
     """Solves the parts of ``grp`` that no unplaced buffer connects, one after the other."""
     labels, a, b = grp[0], grp[5], grp[6]
-    parts = [[] for _ in range(len(starts) + 1)]
+    parts: list[list[int]] = [[] for _ in range(len(starts) + 1)]
     lo, least = self.layout.lo, self.least
     for j in labels:
       if least[j] < INF:
@@ -183,8 +203,9 @@ class Descent:
         return False
     return True
 
-  def candidates(self, grp: tuple, lows: tuple, min_top: int, parent_key: int,
-                 parent_offset: int) -> tuple[list[int], int]:
+  def candidates(
+    self, grp: tuple, lows: tuple, min_top: int, parent_key: int, parent_offset: int
+  ) -> tuple[list[int], int]:
     """The keys of the buffers worth placing next, in canonical order, and ``room``.
 
     Monotonic floor: every buffer left goes at or above the one placed now, so a section
@@ -202,10 +223,15 @@ class Descent:
       stop = min_top  # dominance: nothing at or above the lowest top an unplaced buffer has
     fullest = total.index(peak, group_lo, group_hi)
     # Canonical order: candidates by (lowest offset, rank), after the parent's.
-    keys = sorted([x << shift | r for r, x in enumerate(lows) if x < stop and (
-        x <= free or los[r] <= fullest < his[r])])
+    keys = sorted(
+      [
+        x << shift | r
+        for r, x in enumerate(lows)
+        if x < stop and (x <= free or los[r] <= fullest < his[r])
+      ]
+    )
     if parent_key >= 0:
-      keys = keys[bisect.bisect_right(keys, parent_key):]
+      keys = keys[bisect.bisect_right(keys, parent_key) :]
     return keys, room
 
   def visit(self, grp: tuple, parent_key: int, parent_offset: int):
@@ -233,8 +259,11 @@ class Descent:
         mx = max(total[a:b])
         if o + mx > cap:
           continue
-        if o > room and o + max(mx - sz, max(total[group_lo:a], default=0),
-                                max(total[b:group_hi], default=0)) > cap:
+        if (
+          o > room
+          and o + max(mx - sz, max(total[group_lo:a], default=0), max(total[b:group_hi], default=0))
+          > cap
+        ):
           continue
       elif o + max(total[a:b]) > cap:
         continue

@@ -51,9 +51,14 @@ class Layout:
     self.totals = np.asarray(part.totals, np.int64)
     length = np.asarray(part.length, np.int64)
     spans = self.hi_np - self.lo_np
-    self.keys = {"W": length, "A": length * self.size_np,
-                 "T": range_max(self.totals, self.lo_np, self.hi_np), "Z": self.size_np,
-                 "C": spans, "B": spans * self.size_np}
+    self.keys = {
+      "W": length,
+      "A": length * self.size_np,
+      "T": range_max(self.totals, self.lo_np, self.hi_np),
+      "Z": self.size_np,
+      "C": spans,
+      "B": spans * self.size_np,
+    }
     # Members of section s: members[first[s]:first[s + 1]], by id (int32: it is the largest array).
     owner = np.repeat(np.arange(m, dtype=np.int32), spans)
     section = np.arange(len(owner), dtype=np.int32)
@@ -61,8 +66,10 @@ class Layout:
     self.members = owner[np.argsort(section, kind="stable")]
     del owner, section
     sections = len(self.totals)
-    count = np.cumsum(np.bincount(self.lo_np, minlength=sections + 1)
-                      - np.bincount(self.hi_np, minlength=sections + 1))[:sections]
+    count = np.cumsum(
+      np.bincount(self.lo_np, minlength=sections + 1)
+      - np.bincount(self.hi_np, minlength=sections + 1)
+    )[:sections]
     self.first = np.concatenate([[0], np.cumsum(count)])
     # Per section, the lowest floor among its buffers, and one buffer that has it: what every
     # descent starts from.
@@ -87,8 +94,8 @@ class Layout:
     return ranked(np.arange(len(self.size)), heuristic, self.keys).tolist()
 
 
-class Descent(dfs.Descent):
-  """`dfs.Descent` over arrays (its `resume` and `feasible` as they are there).
+class Descent(dfs.Resumable):
+  """`dfs.Descent` over arrays (`resume` and `feasible` as there, from `dfs.Resumable`).
 
   The search for a packing of one part under ``cap``, in one preorder, paused between calls.
 
@@ -197,8 +204,15 @@ class Descent(dfs.Descent):
 
     Returns whether ``grp`` was completed (its offsets are then in ``solution``).
     """
-    lay, total, least, cuts, cap, nodes, clock = (self.layout, self.total, self.least,
-                                                  self.cuts, self.cap, self.nodes, self.clock)
+    lay, total, least, cuts, cap, nodes, clock = (
+      self.layout,
+      self.total,
+      self.least,
+      self.cuts,
+      self.cap,
+      self.nodes,
+      self.clock,
+    )
     size, lo, hi, shift = lay.size, lay.lo, lay.hi, lay.shift
     who, ids, _, los, his, group_lo, group_hi = grp
     infer = self.sections.infer
@@ -220,8 +234,9 @@ class Descent(dfs.Descent):
         if o != parent_offset:
           if o > room + sz:
             continue
-          if o > room and o + max(mx - sz, _max(total, group_lo, a),
-                                  _max(total, b, group_hi)) > cap:
+          if (
+            o > room and o + max(mx - sz, _max(total, group_lo, a), _max(total, b, group_hi)) > cap
+          ):
             continue
         nodes[0] -= 1
         if not nodes[0] & 255 and (nodes[0] <= 0 or time.perf_counter() > clock[0]):
@@ -237,7 +252,7 @@ class Descent(dfs.Descent):
         total[a:b] -= sz
         done = False
         if infer(a, b, top, changed):
-          spanned = cuts[a:b - 1]
+          spanned = cuts[a : b - 1]
           spanned -= 1
           starts = (np.flatnonzero(spanned == 0) + (a + 1)).tolist()
           done = yield (self.decompose(grp, starts) if starts else self.visit(grp, k, o))
@@ -265,9 +280,10 @@ def _head(x: np.ndarray, rank: np.ndarray, shift: int, after: int) -> tuple[list
   """The smallest `_HEAD` keys ``x << shift | rank`` above ``after`` in ascending order, as
   Python ints, and whether there are more. Keys beyond int64 are built as Python ints."""
   if len(x) and int(x.max()) >= 1 << (62 - shift):
-    keys = sorted(k for k in (int(v) << shift | int(r) for v, r in zip(x.tolist(), rank.tolist()))
-                  if k > after)
-    return keys[:_HEAD], len(keys) > _HEAD
+    big = sorted(
+      k for k in (int(v) << shift | int(r) for v, r in zip(x.tolist(), rank.tolist())) if k > after
+    )
+    return big[:_HEAD], len(big) > _HEAD
   keys = x << shift | rank
   keys = keys[keys > after]
   more = len(keys) > _HEAD
@@ -341,11 +357,12 @@ class _Sections:
       # In [a, b) a raised neighbour is the lowest at top, and top plus what is left there is
       # within cap (checked before placing), so only the sections it does not span can fail.
       width = b - a + 1
-      cover = (np.bincount(np.maximum(lo - a, 0), minlength=width)
-               - np.bincount(np.minimum(hi - a, b - a), minlength=width))
+      cover = np.bincount(np.maximum(lo - a, 0), minlength=width) - np.bincount(
+        np.minimum(hi - a, b - a), minlength=width
+      )
       check &= np.cumsum(cover[:-1]) == 0
       t = self.total[x:y]
-      check = np.concatenate([t[:a - x] > self.cap - top, check, t[b - x:] > self.cap - top])
+      check = np.concatenate([t[: a - x] > self.cap - top, check, t[b - x :] > self.cap - top])
     s = np.flatnonzero(check)
     if not len(s):
       return True

@@ -25,8 +25,13 @@ from donate._planner.sweep import INF, Instance, range_max, stack
 
 # Preorders: keys sorted descending, buffer index last. "area" = size x lifetime, "peak" = the
 # largest total live in the buffer's sections (MiniMalloc's "T"), "life" = lifetime in time steps.
-SKYLINE_ORDERS = (("area", "size"), ("peak", "life"), ("size", "life"), ("peak", "size"),
-                  ("life", "size"))
+SKYLINE_ORDERS = (
+  ("area", "size"),
+  ("peak", "life"),
+  ("size", "life"),
+  ("peak", "size"),
+  ("life", "size"),
+)
 BEST_FIT_ORDERS = (("size", "life"), ("start", "size"))
 BEST_FIT_MAX_BUFFERS = 5000
 ALWAYS_BEST_FIT = 500  # up to this many buffers, best fit by size is part of the first answer
@@ -39,8 +44,13 @@ def keys(inst: Instance) -> dict[str, np.ndarray]:
   peak = np.zeros(len(inst.sizes), np.int64)
   if len(inst.live):
     peak[inst.live] = range_max(inst.totals, inst.a[inst.live], inst.b[inst.live])
-  return {"size": inst.sizes, "life": life, "area": inst.sizes * life, "peak": peak,
-          "start": -inst.starts}
+  return {
+    "size": inst.sizes,
+    "life": life,
+    "area": inst.sizes * life,
+    "peak": peak,
+    "start": -inst.starts,
+  }
 
 
 def preorder(keyset: dict[str, np.ndarray], names: tuple[str, ...], members: np.ndarray):

@@ -29,12 +29,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from jax.extend import core as jex_core
 
-from donate import _compat
-from donate import _primitives
+from donate import _compat, _primitives
 
 # Primitives with sub-jaxprs that are not simple calls.
 _LOOPS_AND_CONDS = _primitives.LOOP | {"cond"}
@@ -57,6 +56,7 @@ class Value:
     arg_index: index among the flat program arguments, or None.
     out_index: index of the first program output it is, or None.
   """
+
   id: int
   producer: str
   shape: tuple[int, ...]
@@ -76,6 +76,7 @@ class Value:
 @dataclasses.dataclass(frozen=True, slots=True)
 class InplaceCandidate:
   """An elementwise step whose output could reuse one of its operands' buffers."""
+
   step: int
   out: int
   operands: tuple[int, ...]
@@ -92,6 +93,7 @@ class Liveness:
     inplace: elementwise steps, for in-place reuse by the planner.
     donated: ids of values marked with `donate.donate_buffer` somewhere in the program.
   """
+
   values: tuple[Value, ...]
   steps: tuple[str, ...]
   instances: dict[Any, tuple[int, ...]]
@@ -109,7 +111,8 @@ def last_used(jaxpr: jex_core.Jaxpr) -> dict[Any, jex_core.JaxprEqn | None]:
   The same ten lines as `jax._src.core.last_used`, which is not public API.
   """
   last: dict[Any, jex_core.JaxprEqn | None] = {
-      v: None for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)}
+    v: None for v in jaxpr.outvars if not isinstance(v, jex_core.Literal)
+  }
   for eqn in reversed(jaxpr.eqns):
     for v in eqn.invars:
       if not isinstance(v, jex_core.Literal) and v not in last:
@@ -128,8 +131,18 @@ def aval_bytes(aval: Any) -> tuple[tuple[int, ...], str, int] | None:
 
 class _Record:
   """Mutable value record used while walking; frozen into a `Value` at the end."""
-  __slots__ = ("producer", "shape", "dtype", "nbytes", "start", "last_use", "scope",
-               "arg_index", "out_index")
+
+  __slots__ = (
+    "producer",
+    "shape",
+    "dtype",
+    "nbytes",
+    "start",
+    "last_use",
+    "scope",
+    "arg_index",
+    "out_index",
+  )
 
   def __init__(self, producer, shape, dtype, nbytes, start, scope, arg_index=None):
     self.producer, self.shape, self.dtype, self.nbytes = producer, shape, dtype, nbytes
@@ -150,8 +163,9 @@ class _Walker:
     self.inplace: list[InplaceCandidate] = []
     self.donated: set[int] = set()
 
-  def new(self, var, producer: str, scope: str, start: int, env: Env,
-          arg_index: int | None = None) -> None:
+  def new(
+    self, var, producer: str, scope: str, start: int, env: Env, arg_index: int | None = None
+  ) -> None:
     """Creates a value for `var` (if it needs memory) and binds it in `env`."""
     info = aval_bytes(var.aval)
     if info is None or info[2] == 0:
@@ -191,13 +205,13 @@ class _Walker:
       else:
         self.leaf(eqn, env, scope)
       stop = len(self.steps)
-      for v in eqn.invars:
-        if not isinstance(v, jex_core.Literal) and last.get(v) is eqn:
-          self.use(env.get(v), stop)
+      for atom in eqn.invars:
+        if not isinstance(atom, jex_core.Literal) and last.get(atom) is eqn:
+          self.use(env.get(atom), stop)
     if not top:
       stop = len(self.steps)
-      for v in jaxpr.outvars:
-        self.use(self.read(v, env), stop)
+      for atom in jaxpr.outvars:
+        self.use(self.read(atom, env), stop)
 
   def leaf(self, eqn, env: Env, scope: str) -> None:
     """One step: an equation without sub-jaxprs (none for identities and views: they alias)."""
@@ -209,16 +223,18 @@ class _Walker:
     if name == "donate_alias":  # alias(src, dst) returns dst
       self.bind(eqn.outvars[0], operands[-1], env)
       return
-    if ((name in _primitives.IDENTITY and len(eqn.invars) == len(eqn.outvars))
-        or (name in _primitives.VIEW and _same_bytes(eqn.invars[:1], eqn.outvars))):
+    if (name in _primitives.IDENTITY and len(eqn.invars) == len(eqn.outvars)) or (
+      name in _primitives.VIEW and _same_bytes(eqn.invars[:1], eqn.outvars)
+    ):
       for out, src in zip(eqn.outvars, operands):
         self.bind(out, src, env)
       return
     self.steps.append(scope + name)
     for out in eqn.outvars:
       self.new(out, name, scope, step, env)
-    if (name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1
-        and env[eqn.outvars[0]] is not None):
+    if (
+      name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1 and env[eqn.outvars[0]] is not None
+    ):
       ids = tuple(dict.fromkeys(i for i in operands if i is not None))
       self.inplace.append(InplaceCandidate(step, env[eqn.outvars[0]], ids))
 
@@ -249,15 +265,16 @@ class _Walker:
       for out in eqn.outvars:  # the loop state lives across every iteration
         self.use(env[out], len(self.steps))
 
-  def walk_sub(self, sub: jex_core.Jaxpr, bound: Sequence[int | None | object], scope: str,
-               begin: int) -> Env:
+  def walk_sub(
+    self, sub: jex_core.Jaxpr, bound: Sequence[int | None | object], scope: str, begin: int
+  ) -> Env:
     """Walks a sub-jaxpr; `bound[i]` is the value of invar i, or `FRESH` for a new one."""
     env: Env = {}
     for var, value_id in zip(sub.invars, bound):
       if value_id is FRESH:
         self.new(var, "parameter", scope, begin, env)
       else:
-        self.bind(var, value_id, env)
+        self.bind(var, cast(int | None, value_id), env)
     self.walk(sub, env, scope)
     return env
 
@@ -266,14 +283,19 @@ FRESH = object()  # marks a sub-jaxpr parameter that gets a buffer of its own
 
 
 def _same_bytes(ins, outs) -> bool:
-  sizes = [aval_bytes(v.aval) for v in (*ins, *outs)]
-  return len(ins) == len(outs) == 1 and None not in sizes and sizes[0][2] == sizes[1][2]
+  if len(ins) != 1 or len(outs) != 1:
+    return False
+  a, b = aval_bytes(ins[0].aval), aval_bytes(outs[0].aval)
+  return a is not None and b is not None and a[2] == b[2]
 
 
 def _is_call_like(eqn) -> bool:
   subs = list(jex_core.jaxprs_in_params(eqn.params))
-  return (len(subs) == 1 and len(subs[0].invars) == len(eqn.invars)
-          and len(subs[0].outvars) == len(eqn.outvars))
+  return (
+    len(subs) == 1
+    and len(subs[0].invars) == len(eqn.invars)
+    and len(subs[0].outvars) == len(eqn.outvars)
+  )
 
 
 def _control_flow_parts(eqn, operands: list, outs: list) -> Iterable[tuple[str, Any, list]]:
@@ -290,7 +312,7 @@ def _control_flow_parts(eqn, operands: list, outs: list) -> Iterable[tuple[str, 
   elif loop is not None:
     cn, bn = loop.cond_consts, loop.body_consts
     yield "while.cond", loop.cond, operands[:cn] + outs
-    yield "while.body", loop.body, operands[cn:cn + bn] + outs
+    yield "while.body", loop.body, operands[cn : cn + bn] + outs
   elif name == "cond":
     for i, branch in enumerate(p["branches"]):
       yield f"cond[{i}]", branch.jaxpr, operands[1:]
@@ -318,7 +340,8 @@ def live_ranges(closed_jaxpr: jex_core.ClosedJaxpr) -> Liveness:
   ('sin', 'mul')
   """
   jaxpr = closed_jaxpr.jaxpr
-  walker, env = _Walker(), {}
+  walker = _Walker()
+  env: Env = {}
   for i, var in enumerate(jaxpr.invars):
     walker.new(var, "argument", "", 0, env, arg_index=i)
   for var in jaxpr.constvars:
@@ -328,10 +351,26 @@ def live_ranges(closed_jaxpr: jex_core.ClosedJaxpr) -> Liveness:
     value_id = walker.read(var, env)
     if value_id is not None and walker.records[value_id].out_index is None:
       walker.records[value_id].out_index = i
-  values = tuple(Value(i, r.producer, r.shape, r.dtype, r.nbytes, r.start, r.last_use, r.scope,
-                       r.arg_index, r.out_index) for i, r in enumerate(walker.records))
+  values = tuple(
+    Value(
+      i,
+      r.producer,
+      r.shape,
+      r.dtype,
+      r.nbytes,
+      r.start,
+      r.last_use,
+      r.scope,
+      r.arg_index,
+      r.out_index,
+    )
+    for i, r in enumerate(walker.records)
+  )
   assert all(v.start < v.last_use for v in values), "every value is live for at least one step"
-  return Liveness(values, tuple(walker.steps),
-                  {k: tuple(v) for k, v in walker.instances.items()}, tuple(walker.inplace),
-                  frozenset(walker.donated))
-
+  return Liveness(
+    values,
+    tuple(walker.steps),
+    {k: tuple(v) for k, v in walker.instances.items()},
+    tuple(walker.inplace),
+    frozenset(walker.donated),
+  )

@@ -41,10 +41,12 @@ class MemoryPlan:
   >>> [(p.name, p.size) for p in plan.pools], plan.collective_memory_bytes, plan.total_bytes
   ([('pool_symm_mem_i', 64)], 64, 192)
   >>> print(str(plan).splitlines()[2])
-    buf1 = alloc_from_pool(pool_symm_mem_i, 0, 64)  # float32[4,4] comm [0, 2), shard_map/mul, freed after step 1 (shard_map/psum_invariant)
+    buf1 = alloc_from_pool(pool_symm_mem_i, 0, 64)  # float32[4,4] comm [0, 2), shard_map/mul,
+    freed after step 1 (shard_map/psum_invariant)
   >>> len(plan.plot().axes)  # one picture per pool, then the arena
   2
   """
+
   name: str
   buffers: tuple[Buffer, ...]
   pools: tuple[Pool, ...]
@@ -125,8 +127,9 @@ def _line(a: Allocation, pool: Pool, plan: MemoryPlan, copies_from: Mapping[str,
 def listing(plan: MemoryPlan) -> str:
   """The plan as text in the spirit of Inductor's generated code (see `MemoryPlan`)."""
   copies_from = {c.source: c for c in plan.copies}
-  lines = [f"# memory plan for {plan.name}: {count(len(plan.steps), 'step')}, "
-           f"alignment {plan.alignment}"]
+  lines = [
+    f"# memory plan for {plan.name}: {count(len(plan.steps), 'step')}, alignment {plan.alignment}"
+  ]
   for pool in (*plan.pools, plan.arena):
     lines.append(str(pool))
     lines.extend(_line(a, pool, plan, copies_from) for a in pool.allocations)
@@ -139,29 +142,50 @@ def listing(plan: MemoryPlan) -> str:
 
 def _totals(plan: MemoryPlan, colon: str, sep: str) -> str:
   """The comm pools' bytes, the arena's, and both with their lower bound."""
-  items = (("collective memory", size_text(plan.collective_memory_bytes)),
-           ("regular", size_text(plan.regular_bytes)),
-           ("total", size_text(plan.total_bytes, plan.lower_bound_bytes)))
+  items = (
+    ("collective memory", size_text(plan.collective_memory_bytes)),
+    ("regular", size_text(plan.regular_bytes)),
+    ("total", size_text(plan.total_bytes, plan.lower_bound_bytes)),
+  )
   return sep.join(f"{label}{colon} {value}" for label, value in items)
 
 
 def to_html(plan: MemoryPlan) -> str:
   """An HTML summary: one table per pool, then the totals."""
   esc, copies_from = html.escape, {c.source: c for c in plan.copies}
-  parts = [f"<div><b>memory plan for {esc(plan.name)}</b>: {len(plan.steps)} steps, "
-           f"alignment {plan.alignment}"]
-  head = "".join(f"<th>{h}</th>" for h in ("buffer", "offset", "size", "type", "role", "live",
-                                            "producer", "fate"))
+  parts = [
+    f"<div><b>memory plan for {esc(plan.name)}</b>: {len(plan.steps)} steps, "
+    f"alignment {plan.alignment}"
+  ]
+  head = "".join(
+    f"<th>{h}</th>"
+    for h in ("buffer", "offset", "size", "type", "role", "live", "producer", "fate")
+  )
   for pool in (*plan.pools, plan.arena):
-    parts.append(f"<p><code>{esc(pool.name)}</code>: {size_text(pool.size)}, lower bound "
-                 f"{pool.lower_bound}" + ("" if pool.kind == "regular" else
-                                          f", kind {esc(pool.kind)}, group {esc(str(pool.group))}")
-                 + "</p>")
+    parts.append(
+      f"<p><code>{esc(pool.name)}</code>: {size_text(pool.size)}, lower bound "
+      f"{pool.lower_bound}"
+      + ("" if pool.kind == "regular" else f", kind {esc(pool.kind)}, group {esc(str(pool.group))}")
+      + "</p>"
+    )
     rows = "".join(
-        "<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in (
-            a.name, a.offset, a.size, a.buffer.type_str, a.buffer.role, a.live_range,
-            a.buffer.scope + a.buffer.producer, _fate(a, plan, copies_from))) + "</tr>"
-        for a in pool.allocations)
+      "<tr>"
+      + "".join(
+        f"<td>{esc(str(c))}</td>"
+        for c in (
+          a.name,
+          a.offset,
+          a.size,
+          a.buffer.type_str,
+          a.buffer.role,
+          a.live_range,
+          a.buffer.scope + a.buffer.producer,
+          _fate(a, plan, copies_from),
+        )
+      )
+      + "</tr>"
+      for a in pool.allocations
+    )
     parts.append(f"<table><tr>{head}</tr>{rows}</table>")
   if plan.copies:
     parts.append("<p>" + "<br>".join(esc(str(c)) for c in plan.copies) + "</p>")
@@ -169,8 +193,13 @@ def to_html(plan: MemoryPlan) -> str:
   return "".join(parts)
 
 
-_COLORS = {"comm": "#d62728", "input": "#7f7f7f", "donated input": "#9467bd", "regular": "#1f77b4",
-           "output": "#2ca02c"}
+_COLORS = {
+  "comm": "#d62728",
+  "input": "#7f7f7f",
+  "donated input": "#9467bd",
+  "regular": "#1f77b4",
+  "output": "#2ca02c",
+}
 
 
 def plot(plan: MemoryPlan, *, width: float = 8.0) -> Any:
@@ -187,11 +216,26 @@ def plot(plan: MemoryPlan, *, width: float = 8.0) -> Any:
   for ax, pool in zip(fig.subplots(len(pools), 1, squeeze=False)[:, 0], pools):
     for a in pool.allocations:
       lr = a.live_range
-      ax.add_patch(Rectangle((lr.start, a.offset), len(lr), a.size, alpha=0.7,
-                             facecolor=_COLORS.get(a.buffer.role, "#1f77b4"), edgecolor="black"))
+      ax.add_patch(
+        Rectangle(
+          (lr.start, a.offset),
+          len(lr),
+          a.size,
+          alpha=0.7,
+          facecolor=_COLORS.get(a.buffer.role, "#1f77b4"),
+          edgecolor="black",
+        )
+      )
       if len(pool.allocations) <= 40:
-        ax.text(lr.start + len(lr) / 2, a.offset + a.size / 2, a.name, ha="center", va="center",
-                fontsize=7, clip_on=True)
+        ax.text(
+          lr.start + len(lr) / 2,
+          a.offset + a.size / 2,
+          a.name,
+          ha="center",
+          va="center",
+          fontsize=7,
+          clip_on=True,
+        )
     ax.axhline(pool.lower_bound, color="black", linestyle=":", linewidth=1)
     ax.set_xlim(0, steps)
     ax.set_ylim(0, max(pool.size, 1))
@@ -199,8 +243,10 @@ def plot(plan: MemoryPlan, *, width: float = 8.0) -> Any:
     ax.set_ylabel("bytes")
     ax.set_title(f"{pool.name}: {size_text(pool.size, pool.lower_bound, 'dotted')}", fontsize=9)
   roles = sorted({a.buffer.role for p in pools for a in p.allocations}, key=ROLES.index)
-  fig.legend(handles=[Rectangle((0, 0), 1, 1, facecolor=_COLORS[r], alpha=0.7, label=r)
-                      for r in roles], loc="outside lower center", ncols=max(len(roles), 1),
-             fontsize=8)
+  fig.legend(
+    handles=[Rectangle((0, 0), 1, 1, facecolor=_COLORS[r], alpha=0.7, label=r) for r in roles],
+    loc="outside lower center",
+    ncols=max(len(roles), 1),
+    fontsize=8,
+  )
   return fig
-

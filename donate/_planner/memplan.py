@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from donate import _errors
 from donate._planner.liveness import Liveness, Value
@@ -29,8 +30,14 @@ _VALIDATE_MAX = 600  # pairwise overlap asserts up to this many allocations per 
 # Pass 1: classify -------------------------------------------------------------------------------
 
 
-def classify(lv: Liveness, *, arg_names: Sequence[str], out_names: Sequence[str],
-             donated: set[int], comm: Mapping[int, tuple[str, tuple[str, ...]]]) -> list[Buffer]:
+def classify(
+  lv: Liveness,
+  *,
+  arg_names: Sequence[str],
+  out_names: Sequence[str],
+  donated: set[int],
+  comm: Mapping[int, tuple[str, tuple[str, ...]]],
+) -> list[Buffer]:
   """Names every value and gives it a role and the live range the planner reserves for it.
 
   Returns one buffer per value, in the order of `lv.values`.
@@ -39,7 +46,8 @@ def classify(lv: Liveness, *, arg_names: Sequence[str], out_names: Sequence[str]
   value from its producer to its last use. A comm argument keeps its argument role (and its kind
   and group) for `copy_out` to deal with.
   """
-  end, used, buffers = lv.num_steps, set(), []
+  used: set[str] = set()
+  end, buffers = lv.num_steps, []
   for v in lv.values:
     name = _unique(_value_name(v, arg_names, out_names), used)
     is_arg = v.producer in ("argument", "constant")
@@ -50,9 +58,21 @@ def classify(lv: Liveness, *, arg_names: Sequence[str], out_names: Sequence[str]
       role = "comm" if v.id in comm else "output" if v.is_output else "regular"
     keep = (v.is_output and role != "comm") or role == "input"
     kind, group = comm.get(v.id, (None, None))
-    buffers.append(Buffer(name, role, v.producer, v.shape, v.dtype, v.nbytes,
-                          LiveRange(v.start, end if keep else v.last_use), v.scope, kind, group,
-                          v.is_output))
+    buffers.append(
+      Buffer(
+        name,
+        role,
+        v.producer,
+        v.shape,
+        v.dtype,
+        v.nbytes,
+        LiveRange(v.start, end if keep else v.last_use),
+        v.scope,
+        kind,
+        group,
+        v.is_output,
+      )
+    )
   assert all(b.live_range.end <= end for b in buffers)
   return buffers
 
@@ -76,8 +96,9 @@ def _unique(name: str, used: set[str]) -> str:
 # Pass 2: copy comm buffers in and out ----------------------------------------------------------
 
 
-def copy_out(buffers: list[Buffer], lv: Liveness, *,
-             strict: bool) -> tuple[list[Buffer], list[Copy]]:
+def copy_out(
+  buffers: list[Buffer], lv: Liveness, *, strict: bool
+) -> tuple[list[Buffer], list[Copy]]:
   """Comm buffers never leave the program: each comm output gets a regular copy at its last use.
 
   Comm arguments get the mirror image: a comm copy made at step 0 that lives as long as the
@@ -89,33 +110,55 @@ def copy_out(buffers: list[Buffer], lv: Liveness, *,
   outs = [i for i, b in enumerate(buffers) if b.is_comm and b.is_output]
   args = [i for i, b in enumerate(buffers) if not b.is_comm and b.kind is not None]
   if strict and (outs or args):
-    raise _errors.DonationError(_errors.message(
+    raise _errors.DonationError(
+      _errors.message(
         "comm buffers cannot be program outputs or arguments (their pool is freed when the "
-        "program ends)", path=", ".join(buffers[i].name for i in outs + args),
+        "program ends)",
+        path=", ".join(buffers[i].name for i in outs + args),
         expected="values that feed a collective and are consumed inside the program",
-        got="; ".join([f"{buffers[i].name} ({buffers[i].type_str}) returned" for i in outs] +
-                      [f"{buffers[i].name} ({buffers[i].type_str}) an argument" for i in args]),
+        got="; ".join(
+          [f"{buffers[i].name} ({buffers[i].type_str}) returned" for i in outs]
+          + [f"{buffers[i].name} ({buffers[i].type_str}) an argument" for i in args]
+        ),
         fix="return the collective's result instead, or pass strict=False to let the plan copy "
-            "comm buffers out (and arguments in)"))
+        "comm buffers out (and arguments in)",
+      )
+    )
   buffers, copies, used = list(buffers), [], {b.name for b in buffers}
   for i in outs:
     b, step = buffers[i], buffers[i].live_range.end - 1
     source = _unique(f"buf{lv.values[i].id}", used)  # the copy takes over the output's name
     buffers[i] = dataclasses.replace(b, name=source, is_output=False)
-    buffers.append(dataclasses.replace(b, role="output", producer="copy-out", kind=None,
-                                       group=None, scope="",
-                                       live_range=LiveRange(step, lv.num_steps)))
+    buffers.append(
+      dataclasses.replace(
+        b,
+        role="output",
+        producer="copy-out",
+        kind=None,
+        group=None,
+        scope="",
+        live_range=LiveRange(step, lv.num_steps),
+      )
+    )
     copies.append(Copy(source, b.name, step, "out"))
   for i in args:
     b = buffers[i]
     target = _unique(f"{b.name}.symm", used)
     buffers[i] = dataclasses.replace(b, kind=None, group=None)
-    buffers.append(dataclasses.replace(b, name=target, role="comm", producer="copy-in",
-                                       is_output=False,
-                                       live_range=LiveRange(0, lv.values[i].last_use)))
+    buffers.append(
+      dataclasses.replace(
+        b,
+        name=target,
+        role="comm",
+        producer="copy-in",
+        is_output=False,
+        live_range=LiveRange(0, lv.values[i].last_use),
+      )
+    )
     copies.append(Copy(b.name, target, 0, "in"))
-  assert not any(b.is_comm and (b.is_output or b.producer in ("argument", "constant"))
-                 for b in buffers)
+  assert not any(
+    b.is_comm and (b.is_output or b.producer in ("argument", "constant")) for b in buffers
+  )
   return buffers, copies
 
 
@@ -123,7 +166,8 @@ def copy_out(buffers: list[Buffer], lv: Liveness, *,
 
 
 def pool_key(b: Buffer) -> tuple[str, tuple[str, ...]]:
-  return (b.kind, b.group) if b.is_comm else ("regular", ())
+  # A comm buffer has both its kind and its group (`classify`).
+  return cast(tuple[str, tuple[str, ...]], (b.kind, b.group)) if b.is_comm else ("regular", ())
 
 
 def group(buffers: Sequence[Buffer]) -> dict[tuple[str, tuple[str, ...]], list[int]]:
@@ -135,8 +179,9 @@ def group(buffers: Sequence[Buffer]) -> dict[tuple[str, tuple[str, ...]], list[i
   return {**pools, ("regular", ()): arena}
 
 
-def inplace_reuse(buffers: Sequence[Buffer], lv: Liveness,
-                  index: Mapping[int, int]) -> dict[int, int]:
+def inplace_reuse(
+  buffers: Sequence[Buffer], lv: Liveness, index: Mapping[int, int]
+) -> dict[int, int]:
   """Chooses in-place reuse: buffer index -> index of the dying buffer whose memory it takes.
 
   A regular elementwise result may take over an operand of the same size that dies at that very
@@ -149,8 +194,12 @@ def inplace_reuse(buffers: Sequence[Buffer], lv: Liveness,
   for cand in lv.inplace:
     out = index.get(cand.out)
     for op in (index.get(v) for v in cand.operands):
-      if (out is not None and op is not None and op not in taken
-          and _can_take_over(buffers[out], buffers[op], cand.step)):
+      if (
+        out is not None
+        and op is not None
+        and op not in taken
+        and _can_take_over(buffers[out], buffers[op], cand.step)
+      ):
         takes[out] = op
         taken.add(op)
         break
@@ -160,14 +209,19 @@ def inplace_reuse(buffers: Sequence[Buffer], lv: Liveness,
 
 def _can_take_over(out: Buffer, op: Buffer, step: int) -> bool:
   """Whether `out`, produced at `step`, may be written into `op`'s memory."""
-  return (out.role in ("regular", "output") and out.producer != "copy-out"
-          and op.role in ("regular", "donated input") and op.nbytes == out.nbytes
-          and op.live_range.end == step + 1 and out.live_range.start == step)
+  return (
+    out.role in ("regular", "output")
+    and out.producer != "copy-out"
+    and op.role in ("regular", "donated input")
+    and op.nbytes == out.nbytes
+    and op.live_range.end == step + 1
+    and out.live_range.start == step
+  )
 
 
 def _slots(indices: Sequence[int], buffers: Sequence[Buffer], takes: Mapping[int, int]):
   """Merges in-place chains into slots: (root of each index, {root: (size, start, end)})."""
-  root = {}
+  root: dict[int, int] = {}
   for i in sorted(indices, key=lambda i: buffers[i].live_range.start):
     root[i] = root.get(takes[i], takes[i]) if i in takes else i
   span: dict[int, list[int]] = {}
@@ -181,9 +235,16 @@ def _slots(indices: Sequence[int], buffers: Sequence[Buffer], takes: Mapping[int
 # Pass 4: allocate -------------------------------------------------------------------------------
 
 
-def allocate(name: str, key: tuple[str, tuple[str, ...]], indices: Sequence[int],
-             buffers: Sequence[Buffer], takes: Mapping[int, int], *, alignment: int,
-             time_limit: float) -> Pool:
+def allocate(
+  name: str,
+  key: tuple[str, tuple[str, ...]],
+  indices: Sequence[int],
+  buffers: Sequence[Buffer],
+  takes: Mapping[int, int],
+  *,
+  alignment: int,
+  time_limit: float,
+) -> Pool:
   """Assigns offsets to one pool's buffers, in isolation from every other pool.
 
   Invariant (asserted for pools of up to a few hundred buffers): two buffers whose live ranges
@@ -192,15 +253,22 @@ def allocate(name: str, key: tuple[str, tuple[str, ...]], indices: Sequence[int]
   root, span = _slots(indices, buffers, takes)
   roots = list(span)
   if roots:
-    result = assign_offsets([span[r][0] for r in roots], [span[r][1] for r in roots],
-                            [span[r][2] for r in roots], alignment=alignment, time_limit=time_limit)
+    result = assign_offsets(
+      [span[r][0] for r in roots],
+      [span[r][1] for r in roots],
+      [span[r][2] for r in roots],
+      alignment=alignment,
+      time_limit=time_limit,
+    )
     offset_of = dict(zip(roots, result.offsets))
     size, bound, optimal, method = result.height, result.lower_bound, result.optimal, result.method
   else:
     offset_of, size, bound, optimal, method = {}, 0, 0, True, "empty"
   order = sorted(indices, key=lambda i: (buffers[i].live_range.start, i))
-  allocs = tuple(Allocation(buffers[i], offset_of[root[i]],
-                            buffers[takes[i]].name if i in takes else None) for i in order)
+  allocs = tuple(
+    Allocation(buffers[i], offset_of[root[i]], buffers[takes[i]].name if i in takes else None)
+    for i in order
+  )
   assert all(a.offset % alignment == 0 and a.offset + a.size <= size for a in allocs)
   if len(allocs) <= _VALIDATE_MAX:
     _assert_disjoint(allocs)
@@ -214,13 +282,16 @@ def _assert_disjoint(allocs: Sequence[Allocation]) -> None:
     return any(_reaches(chain, p, q) for p, q in ((x, y), (y, x)))
 
   for i, a in enumerate(allocs):
-    for b in allocs[i + 1:]:
-      if (a.live_range.overlaps(b.live_range) and a.offset < b.offset + b.size
-          and b.offset < a.offset + a.size):
+    for b in allocs[i + 1 :]:
+      if (
+        a.live_range.overlaps(b.live_range)
+        and a.offset < b.offset + b.size
+        and b.offset < a.offset + a.size
+      ):
         assert related(a.name, b.name), f"{a} and {b} overlap in time and memory"
 
 
-def _reaches(chain: Mapping[str, str | None], src: str, dst: str) -> bool:
+def _reaches(chain: Mapping[str, str | None], src: str | None, dst: str) -> bool:
   while src is not None:
     if src == dst:
       return True
@@ -233,9 +304,19 @@ def pool_name(kind: str, group: Sequence[str]) -> str:
   return re.sub(r"\W", "_", "_".join(["pool", kind, *map(str, group)]))
 
 
-def plan(lv: Liveness, *, name: str, arg_names: Sequence[str], out_names: Sequence[str],
-         donated: set[int], comm: Mapping[int, tuple[str, tuple[str, ...]]], strict: bool,
-         alignment: int, time_limit: float, inplace: bool = True) -> MemoryPlan:
+def plan(
+  lv: Liveness,
+  *,
+  name: str,
+  arg_names: Sequence[str],
+  out_names: Sequence[str],
+  donated: set[int],
+  comm: Mapping[int, tuple[str, tuple[str, ...]]],
+  strict: bool,
+  alignment: int,
+  time_limit: float,
+  inplace: bool = True,
+) -> MemoryPlan:
   """Runs the passes: classify, copy out, group, allocate.
 
   Args:
@@ -250,15 +331,30 @@ def plan(lv: Liveness, *, name: str, arg_names: Sequence[str], out_names: Sequen
     inplace: let elementwise results take over dying regular buffers.
   """
   if alignment < 1:
-    raise _errors.DonationError(_errors.message(
-        "alignment must be a positive number of bytes", expected="an int >= 1", got=repr(alignment),
-        fix="pass e.g. alignment=64"))
+    raise _errors.DonationError(
+      _errors.message(
+        "alignment must be a positive number of bytes",
+        expected="an int >= 1",
+        got=repr(alignment),
+        fix="pass e.g. alignment=64",
+      )
+    )
   buffers = classify(lv, arg_names=arg_names, out_names=out_names, donated=donated, comm=comm)
   buffers, copies = copy_out(buffers, lv, strict=strict)
   index = {v.id: i for i, v in enumerate(lv.values)}  # `copy_out` keeps value order
   takes = inplace_reuse(buffers, lv, index) if inplace else {}
-  pools = [allocate(ARENA if key == ("regular", ()) else pool_name(*key), key, idx, buffers, takes,
-                    alignment=alignment, time_limit=time_limit)
-           for key, idx in group(buffers).items()]
-  return MemoryPlan(name, tuple(buffers), tuple(pools[:-1]), pools[-1], tuple(copies), lv.steps,
-                    alignment)
+  pools = [
+    allocate(
+      ARENA if key == ("regular", ()) else pool_name(*key),
+      key,
+      idx,
+      buffers,
+      takes,
+      alignment=alignment,
+      time_limit=time_limit,
+    )
+    for key, idx in group(buffers).items()
+  ]
+  return MemoryPlan(
+    name, tuple(buffers), tuple(pools[:-1]), pools[-1], tuple(copies), lv.steps, alignment
+  )

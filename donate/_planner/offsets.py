@@ -1,9 +1,9 @@
 """Offset assignment: packing buffers with known live ranges into one pool.
 
-This is the dynamic storage allocation problem. Each buffer ``i`` needs ``sizes[i]`` contiguous bytes
-while it is live on the half-open interval ``[starts[i], ends[i])``; two buffers whose intervals
-overlap must not overlap in memory. The pool's height is the highest byte any buffer uses, and the
-lower bound is the largest total size live at one moment.
+This is the dynamic storage allocation problem. Each buffer ``i`` needs ``sizes[i]`` contiguous
+bytes while it is live on the half-open interval ``[starts[i], ends[i])``; two buffers whose
+intervals overlap must not overlap in memory. The pool's height is the highest byte any buffer
+uses, and the lower bound is the largest total size live at one moment.
 
 Sizes are rounded up to the alignment and divided by their common factor (which loses nothing: an
 optimal packing can always be pushed down until every offset is a sum of sizes). Then:
@@ -32,8 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from donate._errors import DonationError, message
-from donate._planner import packing
-from donate._planner import sweep
+from donate._planner import packing, sweep
 from donate._planner.text import size_text
 
 __all__ = ["OffsetAssignment", "assign_offsets"]
@@ -84,17 +83,27 @@ class OffsetAssignment:
   def __str__(self) -> str:
     greedy_ratio = self.greedy_height / self.lower_bound if self.lower_bound else 1.0
     status = "optimal" if self.optimal else "not proven optimal"
-    bound = size_text(self.height, self.lower_bound,
-                      f"{self.ratio:.3f}x; greedy {self.greedy_height}, {greedy_ratio:.3f}x")
+    bound = size_text(
+      self.height,
+      self.lower_bound,
+      f"{self.ratio:.3f}x; greedy {self.greedy_height}, {greedy_ratio:.3f}x",
+    )
     text = f"OffsetAssignment: {len(self.offsets)} buffers, height {bound}, {status}"
     if self.capacity is not None:
       text += f", {'fits' if self.fits else 'does not fit'} capacity {self.capacity}"
     return text + f", {self.method}, {self.seconds:.2f} s"
 
 
-def assign_offsets(sizes: Sequence[int], starts: Sequence[int], ends: Sequence[int], *,
-                   alignment: int = 1, capacity: int | None = None, time_limit: float = 10.0,
-                   search: bool = True) -> OffsetAssignment:
+def assign_offsets(
+  sizes: Sequence[int],
+  starts: Sequence[int],
+  ends: Sequence[int],
+  *,
+  alignment: int = 1,
+  capacity: int | None = None,
+  time_limit: float = 10.0,
+  search: bool = True,
+) -> OffsetAssignment:
   """Assigns pool offsets to buffers live on half-open intervals ``[start, end)``.
 
   Two buffers whose intervals overlap never overlap in memory. Fast greedy packings come first;
@@ -128,12 +137,12 @@ def assign_offsets(sizes: Sequence[int], starts: Sequence[int], ends: Sequence[i
   12
   """
   t0 = time.perf_counter()
-  sizes, starts, ends = _check_inputs(sizes, starts, ends, alignment, capacity, time_limit)
-  aligned = -(-sizes // alignment) * alignment
+  size_arr, start_arr, end_arr = _check_inputs(sizes, starts, ends, alignment, capacity, time_limit)
+  aligned = -(-size_arr // alignment) * alignment
   unit = int(np.gcd.reduce(aligned)) if len(aligned) else 0
   unit = unit or alignment
-  inst = sweep.build(aligned // unit, starts, ends)
-  n = len(sizes)
+  inst = sweep.build(aligned // unit, start_arr, end_arr)
+  n = len(size_arr)
   if inst.lower_bound == 0:
     return OffsetAssignment((0,) * n, 0, 0, 0, True, time.perf_counter() - t0, "empty", capacity)
   cap = None if capacity is None else capacity // unit
@@ -142,42 +151,65 @@ def assign_offsets(sizes: Sequence[int], starts: Sequence[int], ends: Sequence[i
   if search and not plan.done():
     plan.improve()
   return OffsetAssignment(
-      offsets=tuple((plan.offsets * unit).tolist()), height=plan.height * unit,
-      lower_bound=inst.lower_bound * unit, greedy_height=plan.greedy_height * unit,
-      optimal=plan.proven or plan.height == inst.lower_bound,
-      seconds=time.perf_counter() - t0, method=plan.method, capacity=capacity,
-      first_seconds=plan.first_seconds)
+    offsets=tuple((plan.offsets * unit).tolist()),
+    height=int(plan.height) * unit,
+    lower_bound=inst.lower_bound * unit,
+    greedy_height=int(plan.greedy_height) * unit,
+    optimal=plan.proven or plan.height == inst.lower_bound,
+    seconds=time.perf_counter() - t0,
+    method=plan.method,
+    capacity=capacity,
+    first_seconds=plan.first_seconds,
+  )
 
 
-def _check_inputs(sizes, starts, ends, alignment, capacity, time_limit):
+def _check_inputs(
+  sizes, starts, ends, alignment, capacity, time_limit
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Validates the arguments and returns the three sequences as int64 arrays."""
-  sizes, starts, ends = (_ints(v, name) for v, name in
-                         ((sizes, "sizes"), (starts, "starts"), (ends, "ends")))
+  sizes, starts, ends = (
+    _ints(v, name) for v, name in ((sizes, "sizes"), (starts, "starts"), (ends, "ends"))
+  )
   if not len(sizes) == len(starts) == len(ends):
-    raise DonationError(message(
+    raise DonationError(
+      message(
         "assign_offsets needs one size, start and end per buffer",
         expected="three sequences of equal length",
-        got=f"{len(sizes)} sizes, {len(starts)} starts and {len(ends)} ends"))
+        got=f"{len(sizes)} sizes, {len(starts)} starts and {len(ends)} ends",
+      )
+    )
   negative = np.flatnonzero(sizes < 0)
   if len(negative):
     i = int(negative[0])
-    raise DonationError(message("negative buffer size", path=f"sizes[{i}]",
-                                expected="a size >= 0", got=str(sizes[i])))
+    raise DonationError(
+      message("negative buffer size", path=f"sizes[{i}]", expected="a size >= 0", got=str(sizes[i]))
+    )
   empty = np.flatnonzero(ends <= starts)
   if len(empty):
     i = int(empty[0])
-    raise DonationError(message(
-        "empty live range", path=f"buffer {i}", expected="ends[i] > starts[i]",
-        got=f"start {starts[i]}, end {ends[i]}", fix="live ranges are half-open, [start, end)"))
+    raise DonationError(
+      message(
+        "empty live range",
+        path=f"buffer {i}",
+        expected="ends[i] > starts[i]",
+        got=f"start {starts[i]}, end {ends[i]}",
+        fix="live ranges are half-open, [start, end)",
+      )
+    )
   if _ints([alignment], "alignment")[0] < 1:
-    raise DonationError(message("bad alignment", path="alignment", expected="an integer >= 1",
-                                got=repr(alignment)))
+    raise DonationError(
+      message("bad alignment", path="alignment", expected="an integer >= 1", got=repr(alignment))
+    )
   if capacity is not None and _ints([capacity], "capacity")[0] < 0:
-    raise DonationError(message("bad capacity", path="capacity", expected="None or an integer >= 0",
-                                got=repr(capacity)))
+    raise DonationError(
+      message(
+        "bad capacity", path="capacity", expected="None or an integer >= 0", got=repr(capacity)
+      )
+    )
   if not time_limit >= 0:
-    raise DonationError(message("bad time limit", path="time_limit", expected="seconds >= 0",
-                                got=repr(time_limit)))
+    raise DonationError(
+      message("bad time limit", path="time_limit", expected="seconds >= 0", got=repr(time_limit))
+    )
   return sizes, starts, ends
 
 
@@ -186,14 +218,16 @@ def _ints(values, name: str) -> np.ndarray:
   try:
     array = np.asarray(values if isinstance(values, np.ndarray) else list(values))
   except TypeError:
-    raise DonationError(message("not a sequence", path=name, expected="a sequence of integers",
-                                got=type(values).__name__)) from None
+    raise DonationError(
+      message(
+        "not a sequence", path=name, expected="a sequence of integers", got=type(values).__name__
+      )
+    ) from None
   if array.dtype.kind in "iu" and array.ndim == 1:
     return array.astype(np.int64)
   items = array.tolist() if array.ndim == 1 else list(values)
   for i, v in enumerate(items):
     if isinstance(v, bool) or not isinstance(v, int):
       path = name if name in ("alignment", "capacity") else f"{name}[{i}]"
-      raise DonationError(message("not an integer", path=path, expected="an integer",
-                                  got=repr(v)))
+      raise DonationError(message("not an integer", path=path, expected="an integer", got=repr(v)))
   return np.asarray(items, np.int64)

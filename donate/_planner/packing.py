@@ -16,9 +16,7 @@ import time
 
 import numpy as np
 
-from donate._planner import greedy
-from donate._planner import search
-from donate._planner import sweep
+from donate._planner import greedy, search, sweep
 
 _PORTFOLIO_SHARE = 0.4  # of the time limit, at most, for greedy orders after the first
 _SMALL_BUDGET = 2000  # a probe's nodes per buffer, up to this many, when every part is small
@@ -50,12 +48,11 @@ class Packing:
   def __init__(self, inst: sweep.Instance, cap: int | None, t0: float, deadline: float):
     self.inst, self.cap, self.t0, self.deadline = inst, cap, t0, deadline
     self.offsets = np.zeros(len(inst.sizes), np.int64)
-    self.height = math.inf
-    self.greedy_height = 0
+    self.height: float = math.inf  # an int from the first answer on
+    self.greedy_height: float = 0
     self.first_seconds = 0.0
-    self.proven = False
-    self.method = "greedy"
-    self._whole = None  # searches over the parts of the whole instance, built once
+    self.proven, self.method = False, "greedy"
+    self._whole: list | None = None  # searches over the parts of the whole instance, built once
 
   def done(self) -> bool:
     target = self.inst.lower_bound if self.cap is None else max(self.cap, self.inst.lower_bound)
@@ -139,7 +136,7 @@ class Packing:
       for _ in range(_PROBES_PER_ROUND):
         if soft_low >= self.height or time.perf_counter() > self.deadline:
           break
-        target = (soft_low + self.height) // 2
+        target = int((soft_low + self.height) // 2)
         statuses.append(self._probe(target, budget))
         if statuses[-1] == "proof":
           low = target + 1
@@ -154,8 +151,8 @@ class Packing:
     """The parts of the whole instance, each with its search once it has one (built once)."""
     if self._whole is None:
       inst = self.inst
-      whole = search.parts(inst.sizes, inst.starts, inst.ends, inst.live,
-                           np.zeros(len(inst.live), np.int64))
+      zeros = np.zeros(len(inst.live), np.int64)
+      whole = search.parts(inst.sizes, inst.starts, inst.ends, inst.live, zeros)
       self._whole = [[p, None, _UNSPLIT] for p in whole]
     return self._whole
 
@@ -217,6 +214,7 @@ class Packing:
     then puts the small ones, as packed on their own, right above them."""
     for entry in split.parts:
       entry[1] = entry[1] or search.Search(entry[0])
+
     def lift(offsets: np.ndarray) -> None:
       base = int((offsets[split.large] + self.inst.sizes[split.large]).max())
       offsets[split.small] = base + split.packed
@@ -259,12 +257,10 @@ def _make_split(inst: sweep.Instance, part: search.Part) -> _Split | None:
   packed = greedy.skyline(alone, order, math.inf, finish=True)[0]
   large = part.ids[~small]
   parts = search.parts(inst.sizes, inst.starts, inst.ends, large, np.zeros(len(large), np.int64))
-  return _Split([[p, None] for p in parts], large, ids, packed,
-                int((packed + alone.sizes).max()))
+  return _Split([[p, None] for p in parts], large, ids, packed, int((packed + alone.sizes).max()))
 
 
-def _band(inst: sweep.Instance, offsets_all: np.ndarray, ids: np.ndarray, target: int,
-          count: int):
+def _band(inst: sweep.Instance, offsets_all: np.ndarray, ids: np.ndarray, target: int, count: int):
   """The parts of the band of at least ``count`` of the buffers ``ids``, including every one
   that reaches above ``target``, each with its floor; ``None`` if too large to search."""
   offsets = offsets_all[ids]

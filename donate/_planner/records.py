@@ -20,6 +20,7 @@ class LiveRange:
   >>> str(r), len(r), r.overlaps(LiveRange(5, 7)), r.overlaps(LiveRange(4, 6))
   ('[2, 5)', 3, False, True)
   """
+
   start: int
   end: int
 
@@ -62,6 +63,7 @@ class Buffer:
   >>> print(plan.buffer("out"))
   out: float32[] output [1, 2) from reduce_sum
   """
+
   name: str
   role: str
   producer: str
@@ -83,8 +85,9 @@ class Buffer:
     return self.role == "comm"
 
   def __str__(self) -> str:
-    return (f"{self.name}: {self.type_str} {self.role} {self.live_range} "
-            f"from {self.scope}{self.producer}")
+    return (
+      f"{self.name}: {self.type_str} {self.role} {self.live_range} from {self.scope}{self.producer}"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,6 +102,7 @@ class Allocation:
   >>> plan.arena.allocations[-1].reuses
   'buf1'
   """
+
   buffer: Buffer
   offset: int
   reuses: str | None = None
@@ -141,6 +145,7 @@ class Pool:
   >>> pool.offsets
   {'x': 0, 'buf1': 16, 'out': 16}
   """
+
   name: str
   kind: str
   group: tuple[str, ...]
@@ -159,10 +164,13 @@ class Pool:
     return {a.name: a.offset for a in self.allocations}
 
   def __str__(self) -> str:
-    what = ("regular buffers" if self.kind == "regular"
-            else f"kind={self.kind!r}, group={self.group!r}")
-    return (f"{self.name} = empty_pool({self.size})  # {what}, lower bound {self.lower_bound}, "
-            f"{count(len(self.allocations), 'buffer')}")
+    what = (
+      "regular buffers" if self.kind == "regular" else f"kind={self.kind!r}, group={self.group!r}"
+    )
+    return (
+      f"{self.name} = empty_pool({self.size})  # {what}, lower bound {self.lower_bound}, "
+      f"{count(len(self.allocations), 'buffer')}"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -173,6 +181,7 @@ class Copy:
   >>> print(Copy("buf1", "out", 3, "out"))
   out = copy_out(buf1)  # at step 3
   """
+
   source: str
   target: str
   step: int

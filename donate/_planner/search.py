@@ -17,8 +17,7 @@ import time
 
 import numpy as np
 
-from donate._planner import dfs
-from donate._planner import dfs_array
+from donate._planner import dfs, dfs_array
 from donate._planner.sweep import components, distinct, section_totals
 
 # Static preorders tried round robin (MiniMalloc's defaults): W = longer lifetime first,
@@ -80,9 +79,19 @@ def parts(sizes, starts, ends, ids: np.ndarray, floor: np.ndarray) -> list[Part]
     # (buffer, section) cells, and pairs: for each buffer, those starting inside its span
     starts_sorted = np.sort(lo)
     pairs = int((np.searchsorted(starts_sorted, hi) - np.searchsorted(starts_sorted, lo)).sum())
-    out.append(Part(ids[group], int((hi - lo).sum()), pairs, z.tolist(),
-                    (ends[ids[group]] - starts[ids[group]]).tolist(), lo.tolist(), hi.tolist(),
-                    section_totals(z, lo, hi, int(hi.max())).tolist(), floor[group].tolist()))
+    out.append(
+      Part(
+        ids[group],
+        int((hi - lo).sum()),
+        pairs,
+        z.tolist(),
+        (ends[ids[group]] - starts[ids[group]]).tolist(),
+        lo.tolist(),
+        hi.tolist(),
+        section_totals(z, lo, hi, int(hi.max())).tolist(),
+        floor[group].tolist(),
+      )
+    )
   return out
 
 
@@ -99,7 +108,7 @@ class Search:
     self.part = part
     self._layout: dfs.Layout | None = None
     self._orders: list[tuple[str, list[int]]] = []  # (heuristic, its static preorder)
-    self._paused: dict[int, list[dfs.Descent]] = {}  # capacity -> descents, most recent last
+    self._paused: dict[int, list[dfs.Resumable]] = {}  # capacity -> descents, most recent last
 
   @property
   def started(self) -> bool:
@@ -126,7 +135,7 @@ class Search:
       return result
     return "aborted"
 
-  def _start(self, cap: int) -> list[dfs.Descent] | None:
+  def _start(self, cap: int) -> list[dfs.Resumable] | None:
     """One new descent per preorder, or ``None`` if nothing can fit under ``cap``."""
     core = dfs if self.part.lists else dfs_array
     if self._layout is None:
@@ -135,7 +144,7 @@ class Search:
     descents = [core.Descent(self._layout, h, order, cap) for h, order in self._orders]
     return descents if all(d.feasible() for d in descents) else None
 
-  def _round_robin(self, descents: list[dfs.Descent], node_limit: int | None, deadline: float):
+  def _round_robin(self, descents: list[dfs.Resumable], node_limit: int | None, deadline: float):
     """Resumes the descents in turn, with budgets doubling by round, until one of them ends.
 
     The first preorder (MiniMalloc's default) gets two shares of each round, the others one.

@@ -18,16 +18,11 @@ import jax.extend as jex
 from jax import tree_util
 
 from donate import _compat
-from donate._symm.report import PlacementReport
-from donate._symm.report import placement_report
+from donate._symm.report import PlacementReport, placement_report
 from donate._symm.rewrite import mark_required
-from donate._symm.size import SizingRow
-from donate._symm.size import XlaCollectiveMemory
-from donate._symm.size import xla_collective_memory
+from donate._symm.size import SizingRow, XlaCollectiveMemory, xla_collective_memory
 from donate._symm.trace import comm_buffers
-from donate._symm.xla import PlacementPolicy
-from donate._symm.xla import placement_policy
-from donate._symm.xla import target_platform
+from donate._symm.xla import PlacementPolicy, placement_policy, target_platform
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,6 +38,7 @@ class PlacementCheck:
     annotated_bytes: the bytes of the annotated buffers, without reuse.
     compiled: the ``jax.stages.Compiled`` program.
   """
+
   platform: str
   policy: PlacementPolicy
   report: PlacementReport
@@ -55,7 +51,7 @@ class PlacementCheck:
   def aliases(self) -> int:
     """Number of input/output aliases in the compiled program (donation reached it)."""
     text = self.compiled.as_text()
-    head = text[:text.find("\n")]
+    head = text[: text.find("\n")]
     return head.count("may-alias") + head.count("must-alias")
 
   def sizing(self, program: str) -> SizingRow:
@@ -63,20 +59,30 @@ class PlacementCheck:
 
   def collectives_table(self) -> list[tuple[str, str, int, str, str]]:
     """(instruction, kind, operand bytes, placement, annotated) per compiled collective."""
-    return [(u.instruction, u.kind, u.nbytes, f"S({u.memory_space})" if u.memory_space else
-             "default", "yes" if u.annotated else "no") for u in self.report.collectives]
+    return [
+      (
+        u.instruction,
+        u.kind,
+        u.nbytes,
+        f"S({u.memory_space})" if u.memory_space else "default",
+        "yes" if u.annotated else "no",
+      )
+      for u in self.report.collectives
+    ]
 
 
 def _shardings(leaves, jit_kwargs) -> list:
   found = [getattr(x, "sharding", None) for x in leaves]
   for key in ("in_shardings", "out_shardings"):
-    found += [s for s in tree_util.tree_leaves(jit_kwargs.get(key))
-              if isinstance(s, jax.sharding.Sharding)]
+    found += [
+      s for s in tree_util.tree_leaves(jit_kwargs.get(key)) if isinstance(s, jax.sharding.Sharding)
+    ]
   return found
 
 
-def check_placement(fun, *args, donate_argnums: int | Sequence[int] = (), enabled: bool = True,
-                    **jit_kwargs) -> PlacementCheck:
+def check_placement(
+  fun, *args, donate_argnums: int | Sequence[int] = (), enabled: bool = True, **jit_kwargs
+) -> PlacementCheck:
   """Compiles ``fun`` for its arguments' target with the placement options, and reads the result.
 
   The arguments are those of ``donate.symm.check_placement`` without the planner's (its
@@ -99,9 +105,11 @@ def check_placement(fun, *args, donate_argnums: int | Sequence[int] = (), enable
   flat_donate = tuple(i for n in nums for i in range(starts[n], starts[n + 1]))
   marked = jex.core.jaxpr_as_fun(closed)
   out_tree = tree_util.tree_structure(jax.eval_shape(fun, *args))
-  wrapped = lambda *xs: tree_util.tree_unflatten(out_tree, marked(*xs))
+
+  def wrapped(*xs):
+    return tree_util.tree_unflatten(out_tree, marked(*xs))
+
   lowered = _compat.jax_jit(wrapped, donate_argnums=flat_donate, **jit_kwargs).lower(*leaves)
   compiled, memory = xla_collective_memory(lowered, policy.options)
   report = placement_report(compiled.as_text(), bufs)
   return PlacementCheck(platform, policy, report, memory, 0, sum(b.nbytes for b in bufs), compiled)
-

@@ -53,14 +53,11 @@ import jax.extend as jex
 import jax.numpy as jnp
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo
-from jax.interpreters import ad
-from jax.interpreters import batching
-from jax.interpreters import mlir
+from jax.interpreters import ad, batching, mlir
 
-from donate._errors import DonationError
-from donate._errors import message
 from donate import _primitives
 from donate._compat import bound_axis_names
+from donate._errors import DonationError, message
 
 SOURCES = ("with_symmetric", "requires_symmetric", "context")
 """The legal values of ``symmetric_p``'s ``source`` param."""
@@ -117,34 +114,37 @@ def _batch(args, dims, **params):
 def frontend_attributes(*, axis_name, kind, source) -> dict[str, str]:
   """Returns the ``mhlo.frontend_attributes`` the lowering puts on a symmetric value.
 
-  >>> frontend_attributes(axis_name=("i",), kind="symm_mem", source="with_symmetric")["donate.group"]
+  >>> attrs = frontend_attributes(axis_name=("i",), kind="symm_mem", source="with_symmetric")
+  >>> attrs["donate.group"]
   'i'
   """
   return {
-      "donate.symmetric": kind,
-      "donate.group": ",".join(str(a) for a in axis_name),
-      "donate.source": source,
-      "donate.memory_space": "collective",
-      "donate.memory_space_color": str(COLLECTIVE_MEMORY_SPACE),
+    "donate.symmetric": kind,
+    "donate.group": ",".join(str(a) for a in axis_name),
+    "donate.source": source,
+    "donate.memory_space": "collective",
+    "donate.memory_space_color": str(COLLECTIVE_MEMORY_SPACE),
   }
 
 
 def _merged(op, attrs: dict[str, str]) -> dict[str, str]:
-  """``attrs`` merged into ``op``'s existing frontend attributes (differing values joined by ';')."""
+  """``attrs`` merged into ``op``'s frontend attributes (differing values joined by ';')."""
   merged = {}
   if "mhlo.frontend_attributes" in op.attributes:
     old = ir.DictAttr(op.attributes["mhlo.frontend_attributes"])
     merged = {old[i].name: ir.StringAttr(old[i].attr).value for i in range(len(old))}
   for key, value in attrs.items():
     before = merged.get(key)
-    merged[key] = value if before in (None, value) or value in before.split(";") else (
-        f"{before};{value}")
+    merged[key] = (
+      value if before in (None, value) or value in before.split(";") else (f"{before};{value}")
+    )
   return merged
 
 
 def _set_attributes(op, attrs: dict[str, str]) -> None:
   op.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(
-      {k: ir.StringAttr.get(v) for k, v in _merged(op, attrs).items()})
+    {k: ir.StringAttr.get(v) for k, v in _merged(op, attrs).items()}
+  )
 
 
 def _lower(ctx, x, *, axis_name, kind, source):
@@ -182,10 +182,14 @@ def normalize_axes(axis_name, *, where: str) -> tuple[str, ...]:
   except TypeError:
     axes = ()
   if not axes or not all(isinstance(a, str) and a for a in axes):
-    raise DonationError(message(
+    raise DonationError(
+      message(
         f"{where} needs the mesh axis name(s) of the communication group",
-        expected="a non-empty axis name or tuple of axis names", got=repr(axis_name),
-        fix="pass the name of a mesh axis, e.g. axis_name='i'"))
+        expected="a non-empty axis name or tuple of axis names",
+        got=repr(axis_name),
+        fix="pass the name of a mesh axis, e.g. axis_name='i'",
+      )
+    )
   return axes
 
 
@@ -196,9 +200,14 @@ def check_kind(kind, *, where: str) -> str:
   'symm_mem'
   """
   if not isinstance(kind, str) or not kind:
-    raise DonationError(message(
-        f"{where} needs a comm-buffer kind", expected="a non-empty string such as 'symm_mem'",
-        got=repr(kind), fix="pass kind='symm_mem'"))
+    raise DonationError(
+      message(
+        f"{where} needs a comm-buffer kind",
+        expected="a non-empty string such as 'symm_mem'",
+        got=repr(kind),
+        fix="pass kind='symm_mem'",
+      )
+    )
   return kind
 
 
@@ -208,17 +217,23 @@ def check_bound(axes: tuple[str, ...], *, where: str) -> None:
   >>> check_bound(("i",), where="with_symmetric")
   Traceback (most recent call last):
   ...
-  donate._errors.DonationError: donate: with_symmetric uses axis name 'i', which is not bound here: expected one of the bound axis names (none are bound), got 'i'. Fix: call it inside jax.shard_map over a mesh with axis 'i', or use one of the bound names.
+  donate._errors.DonationError: donate: with_symmetric uses axis name 'i', which is not bound here:
+  expected one of the bound axis names (none are bound), got 'i'. Fix: call it inside
+  jax.shard_map over a mesh with axis 'i', or use one of the bound names.
   """
   bound = bound_axis_names()
   for axis in axes:
     if axis not in bound:
       names = ", ".join(repr(b) for b in bound) if bound else "(none are bound)"
-      raise DonationError(message(
+      raise DonationError(
+        message(
           f"{where} uses axis name {axis!r}, which is not bound here",
-          expected=f"one of the bound axis names {names}", got=repr(axis),
+          expected=f"one of the bound axis names {names}",
+          got=repr(axis),
           fix=f"call it inside jax.shard_map over a mesh with axis {axis!r}, "
-              "or use one of the bound names"))
+          "or use one of the bound names",
+        )
+      )
 
 
 def is_tracing(tree) -> bool:
@@ -239,14 +254,15 @@ def mark(tree, axis_name, *, kind: str, source: str):
   axes = normalize_axes(axis_name, where=source)
   check_kind(kind, where=source)
   if source not in SOURCES:
-    raise DonationError(message("unknown annotation source", expected=f"one of {SOURCES}",
-                                got=repr(source)))
+    raise DonationError(
+      message("unknown annotation source", expected=f"one of {SOURCES}", got=repr(source))
+    )
   if not is_tracing(tree):
     return tree
   check_bound(axes, where=source)
   return jax.tree.map(
-      lambda leaf: symmetric_p.bind(jnp.asarray(leaf), axis_name=axes, kind=kind, source=source),
-      tree)
+    lambda leaf: symmetric_p.bind(jnp.asarray(leaf), axis_name=axes, kind=kind, source=source), tree
+  )
 
 
 # --- the symmetric_memory context: a recognisable named scope -------------------------------------
@@ -294,12 +310,16 @@ def context_spec(eqn) -> tuple[tuple[str, ...], str] | None:
   >>> context_spec(jax.make_jaxpr(jnp.sin)(1.0).eqns[0]) is None
   True
   """
-  if (not _scopes or eqn.primitive is symmetric_p  # no context was ever entered: none here
-      or eqn.primitive.name in _primitives.TRACE_BACK_VIEWS or eqn.source_info is None):
+  if (
+    not _scopes
+    or eqn.primitive is symmetric_p  # no context was ever entered: none here
+    or eqn.primitive.name in _primitives.TRACE_BACK_VIEWS
+    or eqn.source_info is None
+  ):
     return None
   stack = str(eqn.source_info.name_stack)
   at = stack.rfind(_SCOPE_PREFIX)
   if at < 0 or "transpose(" in stack[:at]:  # backward-pass equations are not "produced inside".
     return None
-  digits = itertools.takewhile(str.isdigit, stack[at + len(_SCOPE_PREFIX):])
+  digits = itertools.takewhile(str.isdigit, stack[at + len(_SCOPE_PREFIX) :])
   return _scope_specs.get(_SCOPE_PREFIX + "".join(digits))

@@ -25,15 +25,29 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from donate._errors import DonationError
-from donate._errors import message
+from donate._errors import DonationError, message
 from donate._symm.prim import mark
 
-COLLECTIVE_PRIMITIVES = frozenset({
-    "psum", "psum_invariant", "psum2", "pmax", "pmin", "pmean",
-    "all_gather", "all_gather_invariant", "reduce_scatter", "psum_scatter",
-    "ppermute", "all_to_all", "ragged_all_to_all", "pbroadcast", "psend", "precv",
-})
+COLLECTIVE_PRIMITIVES = frozenset(
+  {
+    "psum",
+    "psum_invariant",
+    "psum2",
+    "pmax",
+    "pmin",
+    "pmean",
+    "all_gather",
+    "all_gather_invariant",
+    "reduce_scatter",
+    "psum_scatter",
+    "ppermute",
+    "all_to_all",
+    "ragged_all_to_all",
+    "pbroadcast",
+    "psend",
+    "precv",
+  }
+)
 """Primitive names of JAX's communication collectives, across the supported JAX versions."""
 
 _EXAMPLE_AXIS = "_donate_probe"
@@ -43,14 +57,14 @@ def _examples():
   """Tiny calls of each JAX collective over a one-device axis, keyed by the function object."""
   a = _EXAMPLE_AXIS
   return {
-      lax.psum: lambda x: lax.psum(x, a),
-      lax.pmax: lambda x: lax.pmax(x, a),
-      lax.pmin: lambda x: lax.pmin(x, a),
-      lax.pmean: lambda x: lax.pmean(x, a),
-      lax.all_gather: lambda x: lax.all_gather(x, a),
-      lax.psum_scatter: lambda x: lax.psum_scatter(x, a),
-      lax.ppermute: lambda x: lax.ppermute(x, a, [(0, 0)]),
-      lax.all_to_all: lambda x: lax.all_to_all(x, a, 0, 0),
+    lax.psum: lambda x: lax.psum(x, a),
+    lax.pmax: lambda x: lax.pmax(x, a),
+    lax.pmin: lambda x: lax.pmin(x, a),
+    lax.pmean: lambda x: lax.pmean(x, a),
+    lax.all_gather: lambda x: lax.all_gather(x, a),
+    lax.psum_scatter: lambda x: lax.psum_scatter(x, a),
+    lax.ppermute: lambda x: lax.ppermute(x, a, [(0, 0)]),
+    lax.all_to_all: lambda x: lax.all_to_all(x, a, 0, 0),
   }
 
 
@@ -62,12 +76,12 @@ def _traced_collectives(example) -> frozenset[str]:
   # binds the unchecked forms, e.g. psum instead of psum_invariant).
   for spec in (P(_EXAMPLE_AXIS), P()):
     for check_vma in (True, False):
-      body = jax.shard_map(example, mesh=mesh, in_specs=spec, out_specs=P(_EXAMPLE_AXIS),
-                           check_vma=check_vma)
+      body = jax.shard_map(
+        example, mesh=mesh, in_specs=spec, out_specs=P(_EXAMPLE_AXIS), check_vma=check_vma
+      )
       closed = jax.make_jaxpr(body)(jnp.ones((1, 1), jnp.float32))
       inner = closed.eqns[0].params["jaxpr"]
-      names |= {e.primitive.name for e in inner.eqns
-                if e.primitive.name in COLLECTIVE_PRIMITIVES}
+      names |= {e.primitive.name for e in inner.eqns if e.primitive.name in COLLECTIVE_PRIMITIVES}
   return frozenset(names)
 
 
@@ -100,6 +114,7 @@ class Requirement:
   >>> Requirement("ppermute", (0,), "symm_mem").kind
   'symm_mem'
   """
+
   primitive: str
   argnums: tuple[int, ...]
   kind: str
@@ -149,10 +164,15 @@ def builtin_argnums(argnums, collective) -> tuple[int, ...]:
   """
   nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
   if nums != (0,):
-    raise DonationError(message(
+    raise DonationError(
+      message(
         f"requires_symmetric({getattr(collective, '__name__', collective)}) got argnums "
         f"{argnums!r}, but a JAX collective's only array argument is its first",
-        expected="argnums=0", got=repr(argnums), fix="pass argnums=0 (every operand is marked)"))
+        expected="argnums=0",
+        got=repr(argnums),
+        fix="pass argnums=0 (every operand is marked)",
+      )
+    )
   return nums
 
 
@@ -164,10 +184,14 @@ def user_argnums(argnums, fn) -> tuple[int, ...]:
   """
   nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
   if not nums or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in nums):
-    raise DonationError(message(
+    raise DonationError(
+      message(
         f"requires_symmetric({getattr(fn, '__name__', fn)}) got bad argnums",
-        expected="a non-negative int or a tuple of them", got=repr(argnums),
-        fix="pass argnums=0 for the first argument"))
+        expected="a non-negative int or a tuple of them",
+        got=repr(argnums),
+        fix="pass argnums=0 for the first argument",
+      )
+    )
   return nums
 
 
@@ -178,10 +202,14 @@ def _call_axis_name(fn, bound, axis_name):
   for key in ("axis_name", "axes"):
     if key in arguments:
       return arguments[key]
-  raise DonationError(message(
+  raise DonationError(
+    message(
       f"requires_symmetric cannot find the group of a call to {getattr(fn, '__name__', fn)}",
-      expected="an 'axis_name' (or 'axes') argument in the call", got="neither",
-      fix="pass axis_name=... to requires_symmetric"))
+      expected="an 'axis_name' (or 'axes') argument in the call",
+      got="neither",
+      fix="pass axis_name=... to requires_symmetric",
+    )
+  )
 
 
 def _bind(sig, args, kwargs):
@@ -221,9 +249,12 @@ def wrap_collective(fn, argnums: tuple[int, ...], kind: str, axis_name):
       return fn(*args, **kwargs)
     for i in argnums:
       if i < len(names) and names[i] in bound.arguments:
-        bound.arguments[names[i]] = mark(bound.arguments[names[i]], axes, kind=kind,
-                                         source="requires_symmetric")
+        bound.arguments[names[i]] = mark(
+          bound.arguments[names[i]], axes, kind=kind, source="requires_symmetric"
+        )
     return fn(*bound.args, **bound.kwargs)
 
-  wrapper.__donate_requirement__ = Requirement(getattr(fn, "__name__", "collective"), argnums, kind)
+  # The mark `registered_requirement` reads back: an attribute set on the function on purpose.
+  requirement = Requirement(getattr(fn, "__name__", "collective"), argnums, kind)
+  wrapper.__donate_requirement__ = requirement  # type: ignore[attr-defined]
   return wrapper

@@ -1,4 +1,4 @@
-"""Where the annotated values landed in the compiled program, and how much collective memory it takes.
+"""Where the annotated values landed in the compiled program, and the collective memory it takes.
 
 ``placement_report(compiled_hlo_text, comm_buffers)`` reads the compiled HLO structurally
 (``donate._hlo``): every collective, the memory space of each operand, and whether the operand
@@ -14,24 +14,36 @@ import dataclasses
 import warnings
 
 from donate import _hlo
-from donate._errors import DonationError
-from donate._errors import SymmetricMemoryWarning
-from donate._errors import message
-from donate._symm.xla import KIND_OF_PRIMITIVE
-from donate._symm.xla import MODE_OPTIONS
-from donate._symm.xla import SYMMETRIC
-from donate._symm.xla import process_spec
-from donate._symm.xla import spec_supported
+from donate._errors import DonationError, SymmetricMemoryWarning, message
+from donate._symm.xla import (
+  KIND_OF_PRIMITIVE,
+  MODE_OPTIONS,
+  SYMMETRIC,
+  process_spec,
+  spec_supported,
+)
 
 _THROUGH = ("bitcast", "copy", "reshape", "get-tuple-element", "tuple", "optimization-barrier")
-_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
-           "int32": "s32", "int64": "s64", "int8": "s8", "uint8": "u8", "uint32": "u32",
-           "bool": "pred", "int16": "s16", "uint16": "u16"}
+_DTYPES = {
+  "float32": "f32",
+  "float16": "f16",
+  "bfloat16": "bf16",
+  "float64": "f64",
+  "int32": "s32",
+  "int64": "s64",
+  "int8": "s8",
+  "uint8": "u8",
+  "uint32": "u32",
+  "bool": "pred",
+  "int16": "s16",
+  "uint16": "u16",
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CollectiveUse:
   """One collective of the compiled program and its first operand."""
+
   instruction: str
   kind: str
   memory_space: int
@@ -45,6 +57,7 @@ class CollectiveUse:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Placement:
   """Where one value landed: ``memory_space`` 0 is default memory, n > 0 collective memory S(n)."""
+
   value: str
   kind: str
   instruction: str
@@ -67,6 +80,7 @@ class Placement:
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlacementReport:
   """Per annotated value (``records``) and per un-annotated placed collective (``also_placed``)."""
+
   records: tuple[Placement, ...]
   also_placed: tuple[Placement, ...]
   collectives: tuple[CollectiveUse, ...]
@@ -79,19 +93,28 @@ class PlacementReport:
   def check(self, *, strict: bool = False) -> PlacementReport:
     """Warns (``SymmetricMemoryWarning``) or, if ``strict``, raises for each missing placement."""
     if self.missing and strict:
-      raise DonationError(message(
-          "requested symmetric placement did not happen", expected="every annotated value in "
-          "collective memory", got="; ".join(str(r) for r in self.missing),
+      raise DonationError(
+        message(
+          "requested symmetric placement did not happen",
+          expected="every annotated value in collective memory",
+          got="; ".join(str(r) for r in self.missing),
           fix="compile with donate.symm.compile_options_for(...) (or donate.symm.configure "
-          "before JAX starts), or pass strict=False to get a warning"))
+          "before JAX starts), or pass strict=False to get a warning",
+        )
+      )
     for r in self.missing:
-      warnings.warn(f"donate: requested symmetric placement did not happen: {r}",
-                    SymmetricMemoryWarning, stacklevel=2)
+      warnings.warn(
+        f"donate: requested symmetric placement did not happen: {r}",
+        SymmetricMemoryWarning,
+        stacklevel=2,
+      )
     return self
 
   def __str__(self) -> str:
-    lines = [f"PlacementReport: {sum(r.placed for r in self.records)} of {len(self.records)} "
-             "annotated values in collective memory"]
+    lines = [
+      f"PlacementReport: {sum(r.placed for r in self.records)} of {len(self.records)} "
+      "annotated values in collective memory"
+    ]
     lines += [f"  {r}" for r in self.records]
     if self.also_placed:
       lines.append(f"  un-annotated collectives placed too: {len(self.also_placed)}")
@@ -99,8 +122,14 @@ class PlacementReport:
     return "\n".join(lines)
 
 
-def _marked(module, name: str, index: int | None = None, comp: str | None = None,
-            fusions: tuple = (), depth: int = 0) -> bool:
+def _marked(
+  module,
+  name: str,
+  index: int | None = None,
+  comp: str | None = None,
+  fusions: tuple = (),
+  depth: int = 0,
+) -> bool:
   """True if the value ``name`` (tuple element ``index``) comes from an annotated op.
 
   Follows views, copies, tuples and concatenates (XLA's all-reduce combiner concatenates the
@@ -110,11 +139,17 @@ def _marked(module, name: str, index: int | None = None, comp: str | None = None
   ins = module.find(name, comp)
   if ins is None or depth > 200:
     return False
-  comp = module.computation_of(name) if comp is None or name not in module.computations.get(
-      comp, {}) else comp
+  comp = (
+    module.computation_of(name)
+    if comp is None or name not in module.computations.get(comp, {})
+    else comp
+  )
   if "donate.symmetric" in ins.frontend and (index is None or _result_marked(ins, index)):
     return True
-  follow = lambda n, i=None, c=comp, f=fusions: _marked(module, n, i, c, f, depth + 1)
+
+  def follow(n, i=None, c=comp, f=fusions):
+    return _marked(module, n, i, c, f, depth + 1)
+
   if ins.opcode == "parameter" and fusions and ins.parameter_number is not None:
     outer, outer_comp = fusions[-1]
     if ins.parameter_number < len(outer.operands):
@@ -130,8 +165,7 @@ def _marked(module, name: str, index: int | None = None, comp: str | None = None
     return follow(ins.operands[0], index)
   if ins.opcode == "fusion" and ins.calls:
     root = module.root(ins.calls[0])
-    return root is not None and follow(root.name, index, ins.calls[0],
-                                       fusions + ((ins, comp),))
+    return root is not None and follow(root.name, index, ins.calls[0], fusions + ((ins, comp),))
   return False
 
 
@@ -150,19 +184,31 @@ def collectives(module) -> tuple[CollectiveUse, ...]:
     operand = module.find(ins.operands[0])
     leaf = operand.leaves[0] if operand is not None and operand.leaves else None
     space = leaf.memory_space if leaf is not None else 0
-    out.append(CollectiveUse(
-        ins.name, kind, 0 if space == _hlo.HOST_MEMORY_SPACE else space,
-        any(_marked(module, op) for op in ins.operands), leaf.dtype if leaf else "",
-        sum(module.find(op).leaves[0].nbytes for op in ins.operands
-            if module.find(op) is not None and module.find(op).leaves), ins.collectives_mode,
-        ins.metadata_op))
+    out.append(
+      CollectiveUse(
+        ins.name,
+        kind,
+        0 if space == _hlo.HOST_MEMORY_SPACE else space,
+        any(_marked(module, op) for op in ins.operands),
+        leaf.dtype if leaf else "",
+        sum(
+          module.find(op).leaves[0].nbytes
+          for op in ins.operands
+          if module.find(op) is not None and module.find(op).leaves
+        ),
+        ins.collectives_mode,
+        ins.metadata_op,
+      )
+    )
   return tuple(out)
 
 
 def _why_placed(use: CollectiveUse) -> str:
   if use.mode == SYMMETRIC:
-    return (f"{MODE_OPTIONS.get(use.kind, 'the mode option')}={SYMMETRIC} places every "
-            f"{use.kind} of the program")
+    return (
+      f"{MODE_OPTIONS.get(use.kind, 'the mode option')}={SYMMETRIC} places every "
+      f"{use.kind} of the program"
+    )
   matching = [str(e) for e in process_spec() if e.matches(use.kind, use.nbytes, use.dtype)]
   if matching:
     return f"the process-wide spec {','.join(matching)} matches it (op, size, dtype)"
@@ -171,19 +217,24 @@ def _why_placed(use: CollectiveUse) -> str:
 
 def _why_not(use: CollectiveUse | None, placed_any: bool) -> str:
   if use is None:
-    return ("no collective in the compiled program reads it (XLA removed or merged the "
-            "collective, e.g. over a group of one device)")
+    return (
+      "no collective in the compiled program reads it (XLA removed or merged the "
+      "collective, e.g. over a group of one device)"
+    )
   if placed_any and use.kind not in MODE_OPTIONS:
     return f"{use.kind} has no per-compile mode and no process-wide spec entry selects it"
   spec = [e for e in process_spec() if e.kind == use.kind]
   if spec and not any(e.matches(use.kind, use.nbytes, use.dtype) for e in spec):
-    return (f"the process-wide spec {','.join(map(str, spec))} does not match its size or dtype "
-            f"({use.nbytes} B, {use.dtype})")
+    return (
+      f"the process-wide spec {','.join(map(str, spec))} does not match its size or dtype "
+      f"({use.nbytes} B, {use.dtype})"
+    )
   if spec:
-    return (f"the process-wide spec {','.join(map(str, spec))} matches it but XLA did not read it:"
-            " XLA_FLAGS was set after JAX started its backends (use donate.symm.configure)")
-  hint = (" (jaxlib >= 0.12: donate.symm.configure before JAX starts)" if spec_supported()
-          else "")
+    return (
+      f"the process-wide spec {','.join(map(str, spec))} matches it but XLA did not read it:"
+      " XLA_FLAGS was set after JAX started its backends (use donate.symm.configure)"
+    )
+  hint = " (jaxlib >= 0.12: donate.symm.configure before JAX starts)" if spec_supported() else ""
   return f"no collective-memory option was on for this compile{hint}"
 
 
@@ -198,8 +249,11 @@ def _match(buf, uses, taken) -> CollectiveUse | None:
   kinds = {KIND_OF_PRIMITIVE.get(c) for c in getattr(buf, "collectives", ())}
   dtype = _DTYPES.get(str(getattr(buf, "dtype", "")), str(getattr(buf, "dtype", "")))
   ranked = [u for u in uses if u.annotated and u.kind in kinds]
-  exact = [u for u in ranked if u.instruction not in taken and u.dtype == dtype
-           and u.nbytes == getattr(buf, "nbytes", -1)]
+  exact = [
+    u
+    for u in ranked
+    if u.instruction not in taken and u.dtype == dtype and u.nbytes == getattr(buf, "nbytes", -1)
+  ]
   return (exact or ranked or [None])[0]
 
 
@@ -228,7 +282,8 @@ def placement_report(compiled_hlo_text: str, comm_buffers) -> PlacementReport:
   module = _hlo.parse_module(compiled_hlo_text)
   uses = collectives(module)
   placed_any = any(u.memory_space for u in uses)
-  records, taken = [], set()
+  records: list[Placement] = []
+  taken: set[str] = set()
   for buf in comm_buffers:
     if not getattr(buf, "feeds_collective", True):
       continue
@@ -236,10 +291,21 @@ def placement_report(compiled_hlo_text: str, comm_buffers) -> PlacementReport:
     if use is not None:
       taken.add(use.instruction)
     space = use.memory_space if use is not None else 0
-    reason = _why_placed(use) if space else _why_not(use, placed_any)
-    records.append(Placement(_value_label(buf), use.kind if use else "", use.instruction if use
-                             else "", space, reason))
-  also = tuple(Placement(f"un-annotated {u.dtype} operand ({u.nbytes} B)", u.kind, u.instruction,
-                         u.memory_space, _why_placed(u))
-               for u in uses if u.memory_space and not u.annotated)
+    reason = _why_placed(use) if use is not None and space else _why_not(use, placed_any)
+    records.append(
+      Placement(
+        _value_label(buf), use.kind if use else "", use.instruction if use else "", space, reason
+      )
+    )
+  also = tuple(
+    Placement(
+      f"un-annotated {u.dtype} operand ({u.nbytes} B)",
+      u.kind,
+      u.instruction,
+      u.memory_space,
+      _why_placed(u),
+    )
+    for u in uses
+    if u.memory_space and not u.annotated
+  )
   return PlacementReport(tuple(records), also, uses)

@@ -16,36 +16,32 @@ from __future__ import annotations
 
 import jax.extend as jex
 
-from donate._errors import DonationError
-from donate._errors import message
-from donate._jaxprs import axes_of
-from donate._jaxprs import is_var
-from donate._jaxprs import replace_subs
-from donate._jaxprs import subs
-from donate._symm.prim import context_spec
-from donate._symm.prim import contexts_used
-from donate._symm.prim import note_marked
-from donate._symm.prim import symmetric_p
-from donate._symm.registry import requirements
 from donate._compat import bound_axis_names
+from donate._errors import DonationError, message
+from donate._jaxprs import axes_of, is_var, replace_subs, subs
+from donate._symm.prim import context_spec, contexts_used, note_marked, symmetric_p
+from donate._symm.registry import requirements
 
 
 def _mark_eqn(var, out, *, axes, kind, source, source_info):
-  params = dict(axis_name=axes, kind=kind, source=source)
+  params = {"axis_name": axes, "kind": kind, "source": source}
   note_marked()
-  return jex.core.new_jaxpr_eqn([var], [out], symmetric_p, params, jex.core.no_effects,
-                                source_info)
+  return jex.core.new_jaxpr_eqn([var], [out], symmetric_p, params, jex.core.no_effects, source_info)
 
 
 def _check_context_axes(axes, kind, bound, eqn) -> None:
   missing = [a for a in axes if a not in bound]
   if missing:
     names = ", ".join(repr(b) for b in bound) if bound else "(none: not inside a shard_map)"
-    raise DonationError(message(
+    raise DonationError(
+      message(
         f"symmetric_memory(kind={kind!r}) names axis {missing[0]!r}, which is not bound at "
-        f"'{eqn.primitive.name}'", expected=f"one of the enclosing shard_map axes {names}",
+        f"'{eqn.primitive.name}'",
+        expected=f"one of the enclosing shard_map axes {names}",
         got=repr(missing[0]),
-        fix="enter symmetric_memory inside jax.shard_map over a mesh with that axis"))
+        fix="enter symmetric_memory inside jax.shard_map over a mesh with that axis",
+      )
+    )
 
 
 def _wrap_inputs(eqn, req, new_eqns):
@@ -54,8 +50,16 @@ def _wrap_inputs(eqn, req, new_eqns):
   for i, var in enumerate(invars):
     if is_var(var) and (req.argnums == (0,) or i in req.argnums):
       marked = jex.core.Var(var.aval)
-      new_eqns.append(_mark_eqn(var, marked, axes=axes, kind=req.kind,
-                                source="requires_symmetric", source_info=eqn.source_info))
+      new_eqns.append(
+        _mark_eqn(
+          var,
+          marked,
+          axes=axes,
+          kind=req.kind,
+          source="requires_symmetric",
+          source_info=eqn.source_info,
+        )
+      )
       invars[i] = marked
   return eqn.replace(invars=invars)
 
@@ -66,22 +70,25 @@ def _wrap_outputs(eqn, spec, new_eqns):
   for i, var in enumerate(outvars):
     if is_var(var):
       fresh = jex.core.Var(var.aval)
-      marks.append(_mark_eqn(fresh, var, axes=axes, kind=kind, source="context",
-                             source_info=eqn.source_info))
+      marks.append(
+        _mark_eqn(fresh, var, axes=axes, kind=kind, source="context", source_info=eqn.source_info)
+      )
       outvars[i] = fresh
   new_eqns.append(eqn.replace(outvars=outvars))
   new_eqns.extend(marks)
 
 
 def _rewrite(jaxpr, reqs, *, in_context: bool, bound: tuple[str, ...]):
-  new_eqns, changed = [], False
+  new_eqns: list = []
+  changed = False
   for eqn in jaxpr.eqns:
     spec = None if in_context else context_spec(eqn)
     inner_bound = bound + tuple(getattr(eqn.params.get("mesh"), "axis_names", ()))
     replaced = {}
     for sub in subs(eqn):
-      new_sub, sub_changed = _rewrite(sub.jaxpr, reqs, in_context=in_context or spec is not None,
-                                      bound=inner_bound)
+      new_sub, sub_changed = _rewrite(
+        sub.jaxpr, reqs, in_context=in_context or spec is not None, bound=inner_bound
+      )
       if sub_changed:
         replaced[(sub.key, sub.index)] = new_sub
     eqn = replace_subs(eqn, replaced)

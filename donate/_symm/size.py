@@ -20,10 +20,8 @@ import math
 import os
 import tempfile
 
-from donate import _hlo
-from donate import _hlo_dump
-from donate._errors import DonationError
-from donate._errors import message
+from donate import _hlo, _hlo_dump
+from donate._errors import DonationError, message
 
 _MB = 1 << 20
 
@@ -33,9 +31,13 @@ def _size_of(item) -> int:
     return item
   if hasattr(item, "nbytes"):
     return int(item.nbytes)
-  raise DonationError(message(
-      "collective_memory_bytes cannot size an item", expected="a byte count or an object "
-      "with .nbytes (a pool or a CommBuffer)", got=type(item).__name__))
+  raise DonationError(
+    message(
+      "collective_memory_bytes cannot size an item",
+      expected="a byte count or an object with .nbytes (a pool or a CommBuffer)",
+      got=type(item).__name__,
+    )
+  )
 
 
 def collective_memory_bytes(items) -> int:
@@ -54,7 +56,7 @@ def collective_memory_bytes(items) -> int:
 
 
 def collective_memory_mb(nbytes: int) -> int:
-  """Returns ``nbytes`` in MiB, rounded up: the value for ``XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB``.
+  """``nbytes`` in MiB, rounded up: the value for ``XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB``.
 
   >>> collective_memory_mb(0), collective_memory_mb(1), collective_memory_mb(3 << 20)
   (0, 1, 3)
@@ -86,6 +88,7 @@ class XlaCollectiveMemory:
     allocations: the allocations themselves (values with sizes and offsets).
     env: the ``XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB`` setting that covers it.
   """
+
   nbytes: int
   color: int
   allocations: tuple[_hlo_dump.Allocation, ...]
@@ -104,13 +107,16 @@ class XlaCollectiveMemory:
     return sum(v[1] for a in self.allocations for v in a.values)
 
   def __str__(self) -> str:
-    return (f"XLA collective memory: {self.nbytes} B per device in {len(self.allocations)} "
-            f"allocation(s) (colour {self.color}); XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB="
-            f"{self.recommended_mb}")
+    return (
+      f"XLA collective memory: {self.nbytes} B per device in {len(self.allocations)} "
+      f"allocation(s) (colour {self.color}); XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB="
+      f"{self.recommended_mb}"
+    )
 
 
-def collective_allocation(dump_dir: str, compiled_hlo_text: str | None = None
-                          ) -> XlaCollectiveMemory:
+def collective_allocation(
+  dump_dir: str, compiled_hlo_text: str | None = None
+) -> XlaCollectiveMemory:
   """Reads XLA's collective-memory allocations from a dump of one compiled program.
 
   Args:
@@ -121,8 +127,9 @@ def collective_allocation(dump_dir: str, compiled_hlo_text: str | None = None
   Returns:
     An ``XlaCollectiveMemory``.
   """
-  files = sorted(f for f in glob.glob(os.path.join(dump_dir, "*after_optimizations-buffer-"
-                                                   "assignment.txt")))
+  files = sorted(
+    f for f in glob.glob(os.path.join(dump_dir, "*after_optimizations-buffer-assignment.txt"))
+  )
   if not files:
     raise FileNotFoundError(f"no *after_optimizations-buffer-assignment.txt in {dump_dir}")
   with open(files[-1]) as fh:
@@ -130,7 +137,7 @@ def collective_allocation(dump_dir: str, compiled_hlo_text: str | None = None
   if compiled_hlo_text is not None:
     colors = _hlo.collective_memory_spaces(_hlo.parse_module(compiled_hlo_text))
   else:
-    colors = {a.color for a in allocations} - {0, _hlo.HOST_MEMORY_SPACE}
+    colors = frozenset(a.color for a in allocations) - {0, _hlo.HOST_MEMORY_SPACE}
   chosen = tuple(a for a in allocations if a.color in colors)
   return XlaCollectiveMemory(sum(a.size for a in chosen), min(colors, default=0), chosen)
 
@@ -151,8 +158,9 @@ def xla_collective_memory(lowered, compiler_options: dict | None = None):
   (0, {'XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB': '0'})
   """
   with tempfile.TemporaryDirectory(prefix="donate-xla-dump-") as directory:
-    compiled = lowered.compile(compiler_options={**(compiler_options or {}),
-                                                 **xla_dump_options(directory)})
+    compiled = lowered.compile(
+      compiler_options={**(compiler_options or {}), **xla_dump_options(directory)}
+    )
     text = compiled.as_text()
     return compiled, collective_allocation(directory, text)
 
@@ -160,6 +168,7 @@ def xla_collective_memory(lowered, compiler_options: dict | None = None):
 @dataclasses.dataclass(frozen=True, slots=True)
 class SizingRow:
   """One line of the sizing table: a program, XLA's collective allocation and our planned pools."""
+
   program: str
   xla_bytes: int
   planned_bytes: int
@@ -172,10 +181,16 @@ class SizingRow:
   @property
   def note(self) -> str:
     if self.planned_bytes <= self.xla_bytes:
-      return ("ours holds only the annotated operands; XLA's also holds collective results and "
-              "every other buffer it placed" if self.planned_bytes < self.xla_bytes else "equal")
-    return ("ours is larger: XLA reuses offsets across buffers whose lifetimes it sees in the "
-            "scheduled program, or fused away a buffer our jaxpr-level plan keeps")
+      return (
+        "ours holds only the annotated operands; XLA's also holds collective results and "
+        "every other buffer it placed"
+        if self.planned_bytes < self.xla_bytes
+        else "equal"
+      )
+    return (
+      "ours is larger: XLA reuses offsets across buffers whose lifetimes it sees in the "
+      "scheduled program, or fused away a buffer our jaxpr-level plan keeps"
+    )
 
 
 def sizing_table(rows) -> str:
@@ -185,12 +200,31 @@ def sizing_table(rows) -> str:
   | program | XLA collective bytes | COLLECTIVE_MEM_SIZE_MB | planner pool bytes | pool / XLA | annotated bytes |
   |---------|----------------------|------------------------|--------------------|------------|-----------------|
   | step    | 8192                 | 1                      | 4096               | 0.50       | 4096            |
-  """
-  head = ("program", "XLA collective bytes", "COLLECTIVE_MEM_SIZE_MB", "planner pool bytes",
-          "pool / XLA", "annotated bytes")
-  body = [(r.program, str(r.xla_bytes), str(collective_memory_mb(r.xla_bytes)),
-           str(r.planned_bytes), f"{r.ratio:.2f}", str(r.annotated_bytes)) for r in rows]
+  """  # noqa: E501 (the doctest's table is wider than a line)
+  head = (
+    "program",
+    "XLA collective bytes",
+    "COLLECTIVE_MEM_SIZE_MB",
+    "planner pool bytes",
+    "pool / XLA",
+    "annotated bytes",
+  )
+  body = [
+    (
+      r.program,
+      str(r.xla_bytes),
+      str(collective_memory_mb(r.xla_bytes)),
+      str(r.planned_bytes),
+      f"{r.ratio:.2f}",
+      str(r.annotated_bytes),
+    )
+    for r in rows
+  ]
   widths = [max(len(x) for x in col) for col in zip(head, *body)]
-  fmt = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-  return "\n".join([fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-                    *map(fmt, body)])
+
+  def fmt(cells):
+    return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+  return "\n".join(
+    [fmt(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(fmt, body)]
+  )

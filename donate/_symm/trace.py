@@ -18,18 +18,12 @@ import dataclasses
 import warnings
 from typing import Any
 
-from donate._errors import SymmetricMemoryWarning
 from donate import _primitives
-from donate._jaxprs import is_var
-from donate._jaxprs import nbytes
-from donate._jaxprs import subs
-from donate._symm.prim import context_spec
-from donate._symm.prim import contexts_used
-from donate._symm.prim import marks_traced
-from donate._symm.prim import symmetric_p
-from donate._symm.registry import COLLECTIVE_PRIMITIVES
-from donate._symm.registry import requirements
 from donate._compat import short_source_line
+from donate._errors import SymmetricMemoryWarning
+from donate._jaxprs import is_var, nbytes, subs
+from donate._symm.prim import context_spec, contexts_used, marks_traced, symmetric_p
+from donate._symm.registry import COLLECTIVE_PRIMITIVES, requirements
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,6 +63,7 @@ class CommBuffer:
   >>> buf.producer, buf.group, buf.nbytes, buf.feeds_collective
   ('sin', ('x',), 16, True)
   """
+
   var: Any = dataclasses.field(repr=False)
   jaxpr: Any = dataclasses.field(repr=False, compare=False)
   kind: str
@@ -90,12 +85,17 @@ class CommBuffer:
 
   def __str__(self) -> str:
     shape = ",".join(str(d) for d in self.shape)
-    text = (f"{self.kind}@{','.join(self.group)} {self.dtype}[{shape}] {self.nbytes} B"
-            f" <- {self.producer}" + (" (custom op)" if self.custom_op else ""))
+    text = (
+      f"{self.kind}@{','.join(self.group)} {self.dtype}[{shape}] {self.nbytes} B"
+      f" <- {self.producer}" + (" (custom op)" if self.custom_op else "")
+    )
     if self.source_info:
       text += f" at {self.source_info}"
-    text += f"; feeds {', '.join(self.collectives)}" if self.feeds_collective else (
-        "; never reaches a collective")
+    text += (
+      f"; feeds {', '.join(self.collectives)}"
+      if self.feeds_collective
+      else ("; never reaches a collective")
+    )
     if self.is_output:
       text += "; program output"
     if self.over_allocated_bytes:
@@ -122,7 +122,9 @@ def _index(jaxpr, cache: dict) -> _Index:
   hit = cache.get(id(jaxpr))
   if hit is not None:
     return hit[1]
-  producers, uses, outvars = {}, {}, {}
+  producers: dict = {}
+  uses: dict = {}
+  outvars: dict = {}
   for eqn in jaxpr.eqns:
     for i, var in enumerate(eqn.invars):
       if is_var(var):
@@ -182,7 +184,7 @@ def _trace_back(top, path, var, cache):
     if var in ix.invars and path:
       step = path[-1]
       outer = step.sub.in_map[ix.invars[var]]
-      # Not out of a shard_map: inside, the buffer is the per-device shard, outside the global array.
+      # Not out of a shard_map: inside, the buffer is the per-device shard, outside the whole array.
       if step.sub.transparent and outer is not None and step.eqn.primitive.name != "shard_map":
         path, var = path[:-1], step.eqn.invars[outer]
         continue
@@ -222,7 +224,8 @@ def _forward(top, path, var, cache, reqs):
       elif path[-1].sub.transparent and path[-1].sub.out_map[k] is not None:
         todo.append((path[:-1], path[-1].eqn.outvars[path[-1].sub.out_map[k]]))
   names = tuple(dict.fromkeys(n for n in collectives if n != "symmetric")) or (
-      ("declared",) if collectives else ())
+    ("declared",) if collectives else ()
+  )
   return names, is_output
 
 
@@ -239,6 +242,7 @@ def _walk(jaxpr, path, in_context):
 @dataclasses.dataclass(slots=True)
 class _Pending:
   """Mutable accumulator for one buffer while marks are collected."""
+
   path: tuple
   var: Any
   eqn: Any
@@ -252,8 +256,9 @@ class _Pending:
 
 
 def _requests(top, cache):
-  """Yields ``(path, var, eqn, producer, out_index, needed_if_explicit, kind, group, source, info)``."""
-  for path, jaxpr, eqn, spec in _walk(top, (), False):
+  """Yields ``(path, var, eqn, producer, out_index, needed_if_explicit, kind, group, source,
+  info)``."""
+  for path, _jaxpr, eqn, spec in _walk(top, (), False):
     if spec is None:  # an explicit symmetric_p mark
       axes, kind, source = eqn.params["axis_name"], eqn.params["kind"], eqn.params["source"]
       p_path, var, producer_eqn, name = _trace_back(top, path, eqn.invars[0], cache)
@@ -291,13 +296,25 @@ def _finish(top, item: _Pending, cache, reqs) -> CommBuffer:
   size = nbytes(aval)
   info = item.eqn.source_info if item.eqn is not None else item.trigger_info
   return CommBuffer(
-      var=item.var, jaxpr=_current(top, item.path), kind=item.kind, group=item.group,
-      producer=item.producer, custom_op=custom, nbytes=size,
-      shape=tuple(getattr(aval, "shape", ())), dtype=str(getattr(aval, "dtype", "")),
-      source_info=short_source_line(info), feeds_collective=bool(collectives), collectives=collectives,
-      is_output=is_output, over_allocated_bytes=0 if needed else size,
-      sources=tuple(dict.fromkeys(item.sources)),
-      path=tuple(s.eqn.primitive.name for s in item.path), out_index=item.out_index, eqn=item.eqn)
+    var=item.var,
+    jaxpr=_current(top, item.path),
+    kind=item.kind,
+    group=item.group,
+    producer=item.producer,
+    custom_op=custom,
+    nbytes=size,
+    shape=tuple(getattr(aval, "shape", ())),
+    dtype=str(getattr(aval, "dtype", "")),
+    source_info=short_source_line(info),
+    feeds_collective=bool(collectives),
+    collectives=collectives,
+    is_output=is_output,
+    over_allocated_bytes=0 if needed else size,
+    sources=tuple(dict.fromkeys(item.sources)),
+    path=tuple(s.eqn.primitive.name for s in item.path),
+    out_index=item.out_index,
+    eqn=item.eqn,
+  )
 
 
 def comm_buffers(closed_jaxpr) -> tuple[CommBuffer, ...]:
@@ -320,13 +337,16 @@ def comm_buffers(closed_jaxpr) -> tuple[CommBuffer, ...]:
   >>> mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
   >>> def body(x):
   ...   y = jnp.sin(x)
-  ...   z = mark(y.reshape(2, 2).astype(jnp.bfloat16), "i", kind="symm_mem", source="with_symmetric")
+  ...   y = y.reshape(2, 2).astype(jnp.bfloat16)
+  ...   z = mark(y, "i", kind="symm_mem", source="with_symmetric")
   ...   return jax.lax.psum(z, "i")
   >>> f = jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P())
-  >>> [(b.producer, b.nbytes, b.feeds_collective) for b in comm_buffers(jax.make_jaxpr(f)(np.ones(4, np.float32)))]
+  >>> buffers = comm_buffers(jax.make_jaxpr(f)(np.ones(4, np.float32)))
+  >>> [(b.producer, b.nbytes, b.feeds_collective) for b in buffers]
   [('sin', 16, True)]
   """
-  top, cache, reqs = closed_jaxpr.jaxpr, {}, requirements()
+  top, reqs = closed_jaxpr.jaxpr, requirements()
+  cache: dict = {}
   if not (reqs or contexts_used() or marks_traced()):
     return ()  # nothing marked, registered or in a context anywhere in this process
   return tuple(_finish(top, item, cache, reqs) for item in _collect(top, cache))
@@ -344,17 +364,24 @@ def comm_buffer_report(buffers, *, warn: bool = False) -> tuple[str, ...]:
   notes = []
   for buf in buffers:
     where = f"{buf.producer} output {buf.dtype}{list(buf.shape)}" + (
-        f" at {buf.source_info}" if buf.source_info else "")
+      f" at {buf.source_info}" if buf.source_info else ""
+    )
     if buf.over_allocated_bytes:
-      notes.append(f"donate: {where} is symmetric only because it comes from the same custom op "
-                   f"as a needed buffer: {buf.over_allocated_bytes} bytes over-allocated. Fix: "
-                   "split the custom op so the collective's input is its own output.")
+      notes.append(
+        f"donate: {where} is symmetric only because it comes from the same custom op "
+        f"as a needed buffer: {buf.over_allocated_bytes} bytes over-allocated. Fix: "
+        "split the custom op so the collective's input is its own output."
+      )
     if not buf.feeds_collective:
-      notes.append(f"donate: {where} is marked symmetric but never reaches a collective. Fix: "
-                   "remove the annotation or pass the value to the collective.")
+      notes.append(
+        f"donate: {where} is marked symmetric but never reaches a collective. Fix: "
+        "remove the annotation or pass the value to the collective."
+      )
     if buf.is_output:
-      notes.append(f"donate: {where} is symmetric and a program output; it is copied out of "
-                   "the collective pool. Fix: return a value computed from it instead.")
+      notes.append(
+        f"donate: {where} is symmetric and a program output; it is copied out of "
+        "the collective pool. Fix: return a value computed from it instead."
+      )
   if warn:
     for note in notes:
       warnings.warn(note, SymmetricMemoryWarning, stacklevel=2)

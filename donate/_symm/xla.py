@@ -19,7 +19,8 @@ What XLA:GPU offers (checked on jaxlib 0.10.2 and 0.12.0.1 by compiling for an a
   supports symmetric windows, so ROCm gets user buffers only). Neither is passed for CPU or TPU,
   which have no collective memory space;
 * per process, by kind, size and dtype (jaxlib 0.12 only; jaxlib 0.10.2 aborts the process on the
-  unknown flag): ``XLA_FLAGS=--xla_enable_nccl_symmetric_buffers_for_collectives=Op[:max_bytes[:dtype]],...``.
+  unknown flag):
+  ``XLA_FLAGS=--xla_enable_nccl_symmetric_buffers_for_collectives=Op[:max_bytes[:dtype]],...``.
   It is a repeated message field of XLA's ``DebugOptions``, which ``compiler_options`` refuse
   ("not a valid message value"), and XLA reads ``XLA_FLAGS`` once, when JAX starts its first
   backend: set later it is silently ignored. ``configure`` sets it, and refuses when it is too late.
@@ -38,8 +39,7 @@ import re
 import jaxlib
 
 from donate import _compat
-from donate._errors import DonationError
-from donate._errors import message
+from donate._errors import DonationError, message
 
 GPU_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})
 """Platform names for which collective memory exists."""
@@ -48,31 +48,44 @@ SYMMETRIC = "COLLECTIVES_SYMMETRIC_MEMORY"
 FLAG = "--xla_enable_nccl_symmetric_buffers_for_collectives"
 
 KIND_OF_PRIMITIVE = {
-    "psum": "all-reduce", "psum_invariant": "all-reduce", "psum2": "all-reduce",
-    "pmax": "all-reduce", "pmin": "all-reduce", "pmean": "all-reduce",
-    "all_gather": "all-gather", "all_gather_invariant": "all-gather",
-    "reduce_scatter": "reduce-scatter", "psum_scatter": "reduce-scatter",
-    "ppermute": "collective-permute", "all_to_all": "all-to-all",
-    "ragged_all_to_all": "ragged-all-to-all",
+  "psum": "all-reduce",
+  "psum_invariant": "all-reduce",
+  "psum2": "all-reduce",
+  "pmax": "all-reduce",
+  "pmin": "all-reduce",
+  "pmean": "all-reduce",
+  "all_gather": "all-gather",
+  "all_gather_invariant": "all-gather",
+  "reduce_scatter": "reduce-scatter",
+  "psum_scatter": "reduce-scatter",
+  "ppermute": "collective-permute",
+  "all_to_all": "all-to-all",
+  "ragged_all_to_all": "ragged-all-to-all",
 }
 """The HLO collective each JAX collective primitive lowers to."""
 
 MODE_OPTIONS = {
-    "all-gather": "xla_gpu_all_gather_mode",
-    "collective-permute": "xla_gpu_collective_permute_mode",
-    "ragged-all-to-all": "xla_gpu_ragged_all_to_all_mode",
+  "all-gather": "xla_gpu_all_gather_mode",
+  "collective-permute": "xla_gpu_collective_permute_mode",
+  "ragged-all-to-all": "xla_gpu_ragged_all_to_all_mode",
 }
 """Per-compile options that place every collective of one kind in collective memory."""
 
-SPEC_OPS = {"AllReduce": "all-reduce", "AllGather": "all-gather",
-            "ReduceScatter": "reduce-scatter", "AllToAll": "all-to-all",
-            "CollectivePermute": "collective-permute", "RaggedAllToAll": "ragged-all-to-all"}
+SPEC_OPS = {
+  "AllReduce": "all-reduce",
+  "AllGather": "all-gather",
+  "ReduceScatter": "reduce-scatter",
+  "AllToAll": "all-to-all",
+  "CollectivePermute": "collective-permute",
+  "RaggedAllToAll": "ragged-all-to-all",
+}
 """Op names of the process-wide spec, and the HLO collective each selects."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SpecEntry:
   """One ``Op[:max_bytes[:dtype]]`` entry of the process-wide spec."""
+
   op: str
   max_bytes: int | None = None
   dtype: str | None = None
@@ -82,8 +95,11 @@ class SpecEntry:
     return SPEC_OPS[self.op]
 
   def matches(self, kind: str, nbytes: int, dtype: str) -> bool:
-    return (kind == self.kind and (self.max_bytes is None or nbytes <= self.max_bytes)
-            and (self.dtype is None or self.dtype.lower() == dtype.lower()))
+    return (
+      kind == self.kind
+      and (self.max_bytes is None or nbytes <= self.max_bytes)
+      and (self.dtype is None or self.dtype.lower() == dtype.lower())
+    )
 
   def __str__(self) -> str:
     parts = [self.op] + ([str(self.max_bytes)] if self.max_bytes is not None else [])
@@ -101,11 +117,21 @@ def parse_spec(text: str) -> tuple[SpecEntry, ...]:
   for item in filter(None, (s.strip() for s in str(text).split(","))):
     op, *rest = item.split(":")
     if op.lower() not in lower or len(rest) > 2 or (rest and not rest[0].isdigit()):
-      raise DonationError(message(
-          f"bad collective-memory spec entry {item!r}", expected="Op[:max_bytes[:dtype]] with Op "
-          "one of " + ", ".join(SPEC_OPS), got=repr(item), fix='e.g. "AllReduce:8388608:F32"'))
-    out.append(SpecEntry(lower[op.lower()], int(rest[0]) if rest else None,
-                         rest[1].upper() if len(rest) > 1 else None))
+      raise DonationError(
+        message(
+          f"bad collective-memory spec entry {item!r}",
+          expected="Op[:max_bytes[:dtype]] with Op one of " + ", ".join(SPEC_OPS),
+          got=repr(item),
+          fix='e.g. "AllReduce:8388608:F32"',
+        )
+      )
+    out.append(
+      SpecEntry(
+        lower[op.lower()],
+        int(rest[0]) if rest else None,
+        rest[1].upper() if len(rest) > 1 else None,
+      )
+    )
   return tuple(out)
 
 
@@ -134,10 +160,14 @@ def spec_supported(version: str | None = None) -> bool:
 def require_spec_support(version: str) -> None:
   """Raises if jaxlib ``version`` has no process-wide per-collective flag."""
   if not spec_supported(version):
-    raise DonationError(message(
+    raise DonationError(
+      message(
         f"jaxlib {version} has no per-collective collective-memory flag",
-        expected=f"jaxlib >= 0.12 for {FLAG}", got=version,
-        fix="upgrade jax/jaxlib, or let the compile options place every collective (user buffers)"))
+        expected=f"jaxlib >= 0.12 for {FLAG}",
+        got=version,
+        fix="upgrade jax/jaxlib, or let the compile options place every collective (user buffers)",
+      )
+    )
 
 
 def configure(*collectives: str) -> tuple[SpecEntry, ...]:
@@ -148,12 +178,16 @@ def configure(*collectives: str) -> tuple[SpecEntry, ...]:
   """
   entries = parse_spec(",".join(collectives))
   if _compat.backends_are_initialized():
-    raise DonationError(message(
+    raise DonationError(
+      message(
         "donate.symm.configure came too late: JAX has started its backends, and XLA has read "
         "XLA_FLAGS already (a later change is silently ignored)",
-        expected="a call before the first array or jit", got="initialised backends",
+        expected="a call before the first array or jit",
+        got="initialised backends",
         fix="call donate.symm.configure(...) right after import donate, or set "
-        f"XLA_FLAGS={FLAG}={','.join(map(str, entries))} in the environment"))
+        f"XLA_FLAGS={FLAG}={','.join(map(str, entries))} in the environment",
+      )
+    )
   require_spec_support(jaxlib.__version__)
   os.environ["XLA_FLAGS"] = flags_with_spec(os.environ.get("XLA_FLAGS", ""), entries)
   return entries
@@ -185,7 +219,8 @@ def gpu_compile_options(platform: str, comm_buffers) -> dict[str, str | bool | i
     A dict for ``jax.jit(..., compiler_options=...)``; empty for CPU and TPU.
 
   >>> gpu_compile_options("cuda", ["buffer"])
-  {'xla_gpu_enable_nccl_user_buffers': True, 'xla_gpu_experimental_enable_nccl_symmetric_buffers': True}
+  {'xla_gpu_enable_nccl_user_buffers': True,
+   'xla_gpu_experimental_enable_nccl_symmetric_buffers': True}
   >>> gpu_compile_options("cpu", ["buffer"])
   {}
   """
@@ -238,8 +273,11 @@ def _device_platform(device, platform: str | None = None) -> str:
   platform = str(platform if device is None else device.platform).lower()
   if platform != "gpu":
     return platform
-  text = (getattr(device, "device_kind", "") + " " +
-          getattr(getattr(device, "client", None), "platform_version", "")).lower()
+  text = (
+    getattr(device, "device_kind", "")
+    + " "
+    + getattr(getattr(device, "client", None), "platform_version", "")
+  ).lower()
   if "nvidia" in text or "cuda" in text:
     return "cuda"
   if "amd" in text or "rocm" in text or "instinct" in text:
@@ -271,6 +309,7 @@ class PlacementPolicy:
     placed_too: sentences naming un-annotated collectives that are placed as well, and why.
     process: the process-wide spec entries in force (read from ``XLA_FLAGS``).
   """
+
   platform: str
   options: dict
   routes: tuple[tuple[str, str], ...]
@@ -285,12 +324,23 @@ def _all_or_nothing(platform, comm_buffers, kinds, unknown, process) -> Placemen
   options = gpu_compile_options(platform, comm_buffers)
   route = "xla_gpu_enable_nccl_user_buffers (every collective of the program)"
   stuck = [k for k in kinds if k not in MODE_OPTIONS and not any(e.kind == k for e in process)]
-  why = (f"XLA has no per-compile option that places only the annotated {', '.join(stuck)}"
-         if stuck else "an annotated value feeds a collective of unknown kind")
-  hint = ("; donate.symm.configure(...) before JAX starts places them selectively"
-          if spec_supported() else f" (jaxlib {jaxlib.__version__} has no per-collective flag)")
-  return PlacementPolicy(platform, options, tuple((k, route) for k in kinds),
-                         (f"every un-annotated collective is placed too: {why}{hint}",), process)
+  why = (
+    f"XLA has no per-compile option that places only the annotated {', '.join(stuck)}"
+    if stuck
+    else "an annotated value feeds a collective of unknown kind"
+  )
+  hint = (
+    "; donate.symm.configure(...) before JAX starts places them selectively"
+    if spec_supported()
+    else f" (jaxlib {jaxlib.__version__} has no per-collective flag)"
+  )
+  return PlacementPolicy(
+    platform,
+    options,
+    tuple((k, route) for k in kinds),
+    (f"every un-annotated collective is placed too: {why}{hint}",),
+    process,
+  )
 
 
 def placement_policy(platform: str, comm_buffers, *, enabled: bool = True) -> PlacementPolicy:
@@ -316,25 +366,33 @@ def placement_policy(platform: str, comm_buffers, *, enabled: bool = True) -> Pl
   """
   platform, process = str(platform).lower(), process_spec()
   kinds, unknown = annotated_kinds(comm_buffers)
-  if not enabled or platform not in GPU_PLATFORMS or not len(comm_buffers) or not (
-      kinds or unknown):
+  if (
+    not enabled or platform not in GPU_PLATFORMS or not len(comm_buffers) or not (kinds or unknown)
+  ):
     return PlacementPolicy(platform, {}, (), (), process)
   by_process = {e.kind for e in process}
-  if unknown or platform != "cuda" or any(
-      k not in MODE_OPTIONS and k not in by_process for k in kinds):
+  if (
+    unknown
+    or platform != "cuda"
+    or any(k not in MODE_OPTIONS and k not in by_process for k in kinds)
+  ):
     return _all_or_nothing(platform, comm_buffers, kinds, unknown, process)
   options, routes, too = {}, [], []
   for kind in kinds:
     if kind in by_process:
       spec = ",".join(str(e) for e in process if e.kind == kind)
       routes.append((kind, f"process-wide {FLAG[2:]}={spec}"))
-      too.append(f"every {kind} matching {spec} (op, size, dtype) is placed, annotated or not, "
-                 "in every program of the process")
+      too.append(
+        f"every {kind} matching {spec} (op, size, dtype) is placed, annotated or not, "
+        "in every program of the process"
+      )
     else:
       options[MODE_OPTIONS[kind]] = SYMMETRIC
       routes.append((kind, f"{MODE_OPTIONS[kind]}={SYMMETRIC} (every {kind} of the program)"))
-      too.append(f"every un-annotated {kind} of the program is placed too: the mode option "
-                 f"applies to all {kind}s, XLA has no per-instruction switch")
+      too.append(
+        f"every un-annotated {kind} of the program is placed too: the mode option "
+        f"applies to all {kind}s, XLA has no per-instruction switch"
+      )
   return PlacementPolicy(platform, options, tuple(routes), tuple(too), process)
 
 
