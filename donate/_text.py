@@ -106,7 +106,7 @@ def _sharding_str(sharding) -> str:
   spec = getattr(sharding, "spec", None)
   if spec is not None:  # str() spells unreduced / reduced axes too
     text = str(spec)
-    text = "P" + text[len("PartitionSpec"):] if text.startswith("PartitionSpec") else text
+    text = "P" + text[len("PartitionSpec") :] if text.startswith("PartitionSpec") else text
     text = text[:-2] + ")" if text.endswith(",)") else text  # P('x',) reads P('x')
   else:
     try:
