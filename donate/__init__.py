@@ -6,12 +6,12 @@ from donate._decision_types import Action as Action
 from donate._decision_types import Cause as Cause
 from donate._decision_types import Kind as Kind
 from donate._decision_types import Request as Request
-from donate._errors import DonationError as DonationError
-from donate._errors import SymmetricMemoryWarning as SymmetricMemoryWarning
-from donate._errors import UnusableDonationWarning as UnusableDonationWarning
 from donate._donation_plan import DonationPlan as DonationPlan
 from donate._donation_plan import LeafDecision as LeafDecision
 from donate._donation_plan import MemoryStats as MemoryStats
+from donate._errors import DonationError as DonationError
+from donate._errors import SymmetricMemoryWarning as SymmetricMemoryWarning
+from donate._errors import UnusableDonationWarning as UnusableDonationWarning
 from donate._profile import MemoryProfile as MemoryProfile
 from donate._profile import memory_profile as memory_profile
 from donate.symm import requires_symmetric as requires_symmetric
@@ -24,24 +24,24 @@ from donate.transforms import jit as jit
 __version__ = "0.1.0"
 
 __all__ = [
-    "Action",
-    "Cause",
-    "DonationError",
-    "DonationPlan",
-    "Kind",
-    "LeafDecision",
-    "MemoryProfile",
-    "MemoryStats",
-    "Request",
-    "SymmetricMemoryWarning",
-    "UnusableDonationWarning",
-    "alias",
-    "donate_buffer",
-    "jit",
-    "memory_profile",
-    "planner",
-    "requires_symmetric",
-    "symmetric_memory",
-    "targets",
-    "with_symmetric",
+  "Action",
+  "Cause",
+  "DonationError",
+  "DonationPlan",
+  "Kind",
+  "LeafDecision",
+  "MemoryProfile",
+  "MemoryStats",
+  "Request",
+  "SymmetricMemoryWarning",
+  "UnusableDonationWarning",
+  "alias",
+  "donate_buffer",
+  "jit",
+  "memory_profile",
+  "planner",
+  "requires_symmetric",
+  "symmetric_memory",
+  "targets",
+  "with_symmetric",
 ]

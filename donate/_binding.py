@@ -16,9 +16,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from donate import _compat
-from donate import _donation_plan
-from donate import _text
+from donate import _compat, _donation_plan, _text
 from donate._decision_types import Kind, Request
 
 # The kinds as module globals: reading an enum member through its class costs about 0.1 us on
@@ -33,6 +31,7 @@ class Call:
   `leaves` are the dynamic leaves in `jax.jit`'s flat order (positional arguments, then keyword
   arguments by name); `key` identifies the call structure and static values.
   """
+
   leaves: list
   treedef: Any
   key: Any
@@ -62,9 +61,15 @@ class Binding:
       signature = inspect.signature(fun)
     except (TypeError, ValueError):
       signature = None
-    self.param_names = [] if signature is None else [
-        p.name for p in signature.parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    self.param_names = (
+      []
+      if signature is None
+      else [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+      ]
+    )
 
   def bind(self, args: tuple, kwargs: dict) -> Call:
     if not self.has_static:
@@ -76,18 +81,21 @@ class Binding:
     dyn_args = tuple(args[i] for i in positions)
     dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
     static = tuple((i, args[i]) for i in sorted(static_pos) if 0 <= i < n) + tuple(
-        (k, kwargs[k]) for k in sorted(kwargs) if k in self.static_names)
+      (k, kwargs[k]) for k in sorted(kwargs) if k in self.static_names
+    )
     leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
     return Call(leaves, treedef, (treedef, static), positions, tuple(sorted(dyn_kwargs)))
 
   def dynamic(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The call's dynamic arguments, static ones left out (as a `jax.stages.Compiled` takes them)."""
+    """The call's dynamic arguments, static ones left out (as a `jax.stages.Compiled` wants)."""
     if not self.has_static:
       return args, kwargs
     n = len(args)
     static_pos = {i + n if i < 0 else i for i in self.static_nums}
-    return (tuple(a for i, a in enumerate(args) if i not in static_pos),
-            {k: v for k, v in kwargs.items() if k not in self.static_names})
+    return (
+      tuple(a for i, a in enumerate(args) if i not in static_pos),
+      {k: v for k, v in kwargs.items() if k not in self.static_names},
+    )
 
   def bind_dynamic(self, args: tuple, kwargs: dict) -> Call:
     """A call of a compiled computation: every argument is dynamic (static ones are not passed)."""
@@ -163,8 +171,16 @@ def leaf_infos(paths: list[str], leaves: list) -> list[_donation_plan.LeafInfo]:
     facts = seen.get(key)
     if facts is None:
       info = leaf_info(path, x)
-      facts = seen[key] = (info.shape, info.dtype, info.nbytes, info.sharding, info.memory_kind,
-                           info.kind, info.type_name, info.sharding_obj)
+      facts = seen[key] = (
+        info.shape,
+        info.dtype,
+        info.nbytes,
+        info.sharding,
+        info.memory_kind,
+        info.kind,
+        info.type_name,
+        info.sharding_obj,
+      )
       out.append(info)
     else:
       out.append(_donation_plan.LeafInfo(path, *facts))
@@ -184,8 +200,9 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
     kind = HOST
   aval = x if abstract else (x.aval if kind == DEVICE and hasattr(x, "aval") else jax.typeof(x))
   if not hasattr(aval, "shape"):  # a token or another value without a shape: never a buffer
-    return _donation_plan.LeafInfo(path, (), type(aval).__name__, 0, "-", None, HOST,
-                                   type(x).__name__)
+    return _donation_plan.LeafInfo(
+      path, (), type(aval).__name__, 0, "-", None, HOST, type(x).__name__
+    )
   shape = tuple(aval.shape)
   dtype = _text.dtype_name(aval.dtype)
   nbytes = aval_nbytes(aval)
@@ -193,8 +210,9 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   sharding = getattr(x, "sharding", None) if concrete else None
   memory_kind = getattr(sharding, "memory_kind", None)
   text = _text.sharding_str(sharding) if sharding is not None or kind == HOST else "-"
-  return _donation_plan.LeafInfo(path, shape, dtype, nbytes, text, memory_kind, kind,
-                                 type(x).__name__, sharding)
+  return _donation_plan.LeafInfo(
+    path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__, sharding
+  )
 
 
 def _is_device_array(x) -> bool:
@@ -203,8 +221,7 @@ def _is_device_array(x) -> bool:
   t = type(x)
   if t in _DEVICE_TYPES:
     return True
-  if (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-      and not isinstance(x, jax.Ref)):
+  if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and not isinstance(x, jax.Ref):
     _DEVICE_TYPES.add(t)
     return True
   return False

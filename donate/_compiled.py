@@ -8,17 +8,14 @@ import re
 
 from jax import tree_util
 
-from donate import _copies
-from donate import _compat
-from donate import _donation_plan
-from donate import _profile
-from donate import _symm
+from donate import _compat, _copies, _donation_plan, _profile, _symm
 from donate._decision_types import Action
 from donate._text import format_bytes, sharding_str
 
 
-def realize(prep, lowered, compiled, copy_threshold: int,
-            with_copies: bool = True) -> _donation_plan.DonationPlan:
+def realize(
+  prep, lowered, compiled, copy_threshold: int, with_copies: bool = True
+) -> _donation_plan.DonationPlan:
   """The plan with the aliases the compiled program really has, its memory figures and the
   copies XLA added (`with_copies=False`: neither the copies nor the memory figures are read yet,
   `copies` is None; a plain call that neither prints the plan nor is strict about copies does not
@@ -34,9 +31,12 @@ def realize(prep, lowered, compiled, copy_threshold: int,
   n_traced = _compat.traced_num_consts(prep.traced)
   leaf = [k - n_traced if k >= n_traced else None for k in kept]
   paths = [d.path for d in prep.plan.decisions]
-  prep.in_paths = (["<effect token>"] * n_out_tokens + ["<constant>"] * n_consts
-                   + [paths[i] if i is not None else "<constant>" for i in leaf]
-                   + ["<closed-over ref>"] * n_refs)
+  prep.in_paths = (
+    ["<effect token>"] * n_out_tokens
+    + ["<constant>"] * n_consts
+    + [paths[i] if i is not None else "<constant>" for i in leaf]
+    + ["<closed-over ref>"] * n_refs
+  )
   copies = copies_of(prep, text, copy_threshold) if with_copies else None
   realized = {}
   for param, out in _realized_aliases(text).items():
@@ -52,20 +52,26 @@ def realize(prep, lowered, compiled, copy_threshold: int,
   placements = None
   if prep.placement is not None:  # a GPU target with marked values: where did they land?
     placements = _symm.placement_report(text, prep.comm)
-  notes = plan.notes + ((f"{n_refs} jax.Ref(s) the function closes over: written back in place",)
-                        if n_refs else ())
-  return dataclasses.replace(plan, copies=copies, copy_threshold=copy_threshold,
-                             placements=placements, notes=notes)
+  notes = plan.notes + (
+    (f"{n_refs} jax.Ref(s) the function closes over: written back in place",) if n_refs else ()
+  )
+  return dataclasses.replace(
+    plan, copies=copies, copy_threshold=copy_threshold, placements=placements, notes=notes
+  )
 
 
 def details(prep, compiled, plan) -> _donation_plan.DonationPlan:
   """The plan with the copies XLA added and the memory figures, read now (see `realize`)."""
-  return dataclasses.replace(plan, copies=copies_of(prep, compiled, plan.copy_threshold),
-                             memory=_donation_plan.MemoryStats.from_compiled(compiled))
+  return dataclasses.replace(
+    plan,
+    copies=copies_of(prep, compiled, plan.copy_threshold),
+    memory=_donation_plan.MemoryStats.from_compiled(compiled),
+  )
 
 
-def with_profile(prep, lowered, plan, compiler_options=None, call=None,
-                 compiled=None) -> _donation_plan.DonationPlan:
+def with_profile(
+  prep, lowered, plan, compiler_options=None, call=None, compiled=None
+) -> _donation_plan.DonationPlan:
   """The plan with the compiled program's memory profile (`plan.profile`) and, next to each
   aliased leaf of at least `copy_threshold` bytes, why its donation left the peak high: a
   temporary of about its size live beside it (`_profile.shadow`), else, when the peak is not
@@ -74,22 +80,31 @@ def with_profile(prep, lowered, plan, compiler_options=None, call=None,
   stays None. `compiled` (the signature's `jax.stages.Compiled`) is read as it is where it
   carries its buffer assignment (CPU programs); otherwise `lowered` is compiled again with XLA's
   dump."""
-  if not any(d.action == Action.ALIASED and isinstance(d.nbytes, int)
-             and d.nbytes >= plan.copy_threshold for d in plan.decisions):
+  if not any(
+    d.action == Action.ALIASED and isinstance(d.nbytes, int) and d.nbytes >= plan.copy_threshold
+    for d in plan.decisions
+  ):
     return plan
   profile = _profile.profile_of_signature(prep, lowered, plan, compiler_options, call, compiled)
   found = {s.path: str(s) for s in profile.shadowed if s.bytes >= plan.copy_threshold}
-  if profile.not_lowered:
-    same = _profile.not_lowered_reason(profile.peak_bytes, profile.peak_without_donation_bytes)
-    found = {**{e.path: same for e in profile.not_lowered if e.bytes >= plan.copy_threshold},
-             **found}
-  decisions = tuple(dataclasses.replace(d, reason=f"{d.reason}; {found[d.path]}")
-                    if d.action == Action.ALIASED and d.path in found else d
-                    for d in plan.decisions)
-  note = (f"memory profile: peak {format_bytes(profile.peak_bytes)} per device, "
-          f"{_profile.saving(profile)} (plan.profile lists every buffer at the peak)")
-  return dataclasses.replace(plan, decisions=decisions, profile=profile,
-                             notes=plan.notes + (note,))
+  without = profile.peak_without_donation_bytes  # measured whenever `not_lowered` lists any
+  if profile.not_lowered and without is not None:
+    same = _profile.not_lowered_reason(profile.peak_bytes, without)
+    found = {
+      **{e.path: same for e in profile.not_lowered if e.bytes >= plan.copy_threshold},
+      **found,
+    }
+  decisions = tuple(
+    dataclasses.replace(d, reason=f"{d.reason}; {found[d.path]}")
+    if d.action == Action.ALIASED and d.path in found
+    else d
+    for d in plan.decisions
+  )
+  note = (
+    f"memory profile: peak {format_bytes(profile.peak_bytes)} per device, "
+    f"{_profile.saving(profile)} (plan.profile lists every buffer at the peak)"
+  )
+  return dataclasses.replace(plan, decisions=decisions, profile=profile, notes=plan.notes + (note,))
 
 
 def peak_problems(plan, function: str) -> list[str]:
@@ -102,14 +117,16 @@ def peak_problems(plan, function: str) -> list[str]:
 def copies_of(prep, compiled_or_text, threshold: int) -> tuple:
   """The copies XLA added to a compiled signature, its parameters named by the user's paths."""
   text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
-  return _copies.find_copies(text, in_paths=prep.in_paths, threshold=threshold,
-                             jaxpr=prep.traced.jaxpr)
+  return _copies.find_copies(
+    text, in_paths=prep.in_paths, threshold=threshold, jaxpr=prep.traced.jaxpr
+  )
 
 
 def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]]:
-  """For planned aliases XLA did not make: the compiled input and output shardings, if they differ."""
-  missing = [i for i, d in enumerate(prep.plan.decisions)
-             if d.action == Action.ALIASED and i not in realized]
+  """For planned aliases XLA did not make: compiled input and output shardings, if they differ."""
+  missing = [
+    i for i, d in enumerate(prep.plan.decisions) if d.action == Action.ALIASED and i not in realized
+  ]
   if not missing:
     return {}
   ins = tree_util.tree_leaves(compiled.input_shardings)
@@ -118,21 +135,28 @@ def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]
   result = {}
   for i in missing:
     a, b = (ins[i] if i < len(ins) else None), outs[pairs[i]]
-    if a is not None and b is not None and not a.is_equivalent_to(
-        b, len(prep.plan.decisions[i].shape)):
+    if (
+      a is not None
+      and b is not None
+      and not a.is_equivalent_to(b, len(prep.plan.decisions[i].shape))
+    ):
       result[i] = (sharding_str(a), sharding_str(b))
   return result
 
 
 def _reused_shardings(prep, compiled, realized) -> dict[str, str]:
   """The compiled sharding of each output XLA put into a donor's buffer, by output path."""
-  donors = [i for i, d in enumerate(prep.plan.decisions)
-            if d.action == Action.DONOR and i in realized]
+  donors = [
+    i for i, d in enumerate(prep.plan.decisions) if d.action == Action.DONOR and i in realized
+  ]
   if not donors:
     return {}
   outs = _compat.compiled_output_shardings(compiled, len(prep.plan.outputs))
-  return {prep.plan.outputs[realized[i]].path: sharding_str(outs[realized[i]])
-          for i in donors if realized[i] < len(outs) and outs[realized[i]] is not None}
+  return {
+    prep.plan.outputs[realized[i]].path: sharding_str(outs[realized[i]])
+    for i in donors
+    if realized[i] < len(outs) and outs[realized[i]] is not None
+  }
 
 
 def _main_param_count(lowered) -> int:
@@ -147,7 +171,7 @@ def _realized_aliases(compiled_text: str) -> dict[int, int]:
   start = compiled_text.find("input_output_alias={")
   if start < 0:
     return {}
-  section = compiled_text[start:compiled_text.find("\n", start)]
+  section = compiled_text[start : compiled_text.find("\n", start)]
   out = {}
   for out_index, param in _ALIAS_RE.findall(section):
     out[int(param)] = int(out_index.split(",")[0]) if out_index.strip() else 0

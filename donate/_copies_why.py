@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from donate import _compat
-from donate import _jaxprs
-from donate import _primitives
+from donate import _compat, _jaxprs, _primitives
 
 _FIX_LOOP_READ = (
-    "carry the value you need into the next iteration instead of reading it before the update "
-    "(compute it from the updated carry at the end of the step), or read it after the update when "
-    "the update leaves it unchanged; XLA fuses small reads into their later consumers, so moving "
-    "the read up in the code is not enough")
-_WORDS = {"conditional": "a cond", "while": "an inner loop", "call": "a call",
-          "fusion": "a fused computation"}
+  "carry the value you need into the next iteration instead of reading it before the update "
+  "(compute it from the updated carry at the end of the step), or read it after the update when "
+  "the update leaves it unchanged; XLA fuses small reads into their later consumers, so moving "
+  "the read up in the code is not enough"
+)
+_WORDS = {
+  "conditional": "a cond",
+  "while": "an inner loop",
+  "call": "a call",
+  "fusion": "a fused computation",
+}
 
 
 def explain(a, comp, copy, origin, slot, value) -> tuple[str, list[str], str | None]:
@@ -31,8 +34,12 @@ def explain(a, comp, copy, origin, slot, value) -> tuple[str, list[str], str | N
   layouts = layout_change(a, copy)
   if layouts is not None:
     lines = [ln for u, k in a.users(comp).get(copy.name, ()) for ln in reader_lines(a, u, k)]
-    return (f"a layout change {layouts[0]} -> {layouts[1]} of {value}: XLA rewrites the buffer "
-            f"in the order its consumer{_at(lines)} reads it", lines, None)
+    return (
+      f"a layout change {layouts[0]} -> {layouts[1]} of {value}: XLA rewrites the buffer "
+      f"in the order its consumer{_at(lines)} reads it",
+      lines,
+      None,
+    )
   if slot is not None and slot.path and slot.path[-1] in slot.inputs:
     found = _read_after_update(a, comp, slot, value, in_loop, origin, _shape(a, copy))
     if found is not None:
@@ -40,21 +47,31 @@ def explain(a, comp, copy, origin, slot, value) -> tuple[str, list[str], str | N
     others = _returned_elsewhere(a, comp, slot)
     if others:
       where = "carry" if slot.index is not None else "output"
-      return (f"{value} is also returned as {where} {', '.join(map(str, others))}, which needs a "
-              "buffer of its own", _own(a, copy), None)
+      return (
+        f"{value} is also returned as {where} {', '.join(map(str, others))}, which needs a "
+        "buffer of its own",
+        _own(a, copy),
+        None,
+      )
     caller = a.m.callers.get(comp.name, [(None, None)])[0][0]
     if not slot.updaters and caller is not None and caller.opcode == "conditional":
       line = a.m.source(caller)
-      return (f"the cond branch{_at([line])} returns {value} unchanged while another branch "
-              "writes it in place, so the conditional's result needs a buffer of its own",
-              [line] if line else [], None)
+      return (
+        f"the cond branch{_at([line])} returns {value} unchanged while another branch "
+        "writes it in place, so the conditional's result needs a buffer of its own",
+        [line] if line else [],
+        None,
+      )
   if slot is not None and slot.path and slot.path[-1] not in slot.inputs:
     return _computed_elsewhere(a, comp, copy, slot, value)
   if comp.is_entry and origin.param is not None and origin.param not in a.m.aliases:
     return _not_donated(a, comp, copy, origin, value)
   lines = _own(a, copy)
-  return f"XLA copies {value}" + (f" (the copy is attributed to {lines[0]})" if lines else ""), \
-      lines, None
+  return (
+    f"XLA copies {value}" + (f" (the copy is attributed to {lines[0]})" if lines else ""),
+    lines,
+    None,
+  )
 
 
 def layout_change(a, copy) -> tuple[str, str] | None:
@@ -77,14 +94,19 @@ def _read_after_update(a, comp, slot, value, in_loop, origin, shape):
     wrote = wrote + j_wrote
     where = {_function(ln) for ln in wrote}
     read = [ln for ln in j_read if _function(ln) in where] + [ln for ln in read if ln not in wrote]
-  reason = (f"{value} is read{_at(read)} after it is updated in place{_at(wrote)}, so XLA keeps "
-            "the old value in a copy")
+  reason = (
+    f"{value} is read{_at(read)} after it is updated in place{_at(wrote)}, so XLA keeps "
+    "the old value in a copy"
+  )
   if in_loop:
     return reason, read + wrote, _FIX_LOOP_READ
   path = a.path(origin.param) if origin.param is not None else value
-  return (reason, read + wrote,
-          f"read what you need from the updated output where the update leaves it unchanged, "
-          f"or do not donate {path}: the copy costs as much memory as not donating, and time")
+  return (
+    reason,
+    read + wrote,
+    f"read what you need from the updated output where the update leaves it unchanged, "
+    f"or do not donate {path}: the copy costs as much memory as not donating, and time",
+  )
 
 
 def _late_reads(a, comp, slot) -> list:
@@ -100,9 +122,14 @@ def _late_reads(a, comp, slot) -> list:
   for node in forward:
     if node in slot.updaters:
       for name in _with_copies(users, state):
-        late += [(u, k) for u, k in users.get(name, ())
-                 if u.position > node.position and not u.is_root
-                 and (u.name, name) not in on_path and u.opcode not in ("copy", "bitcast")]
+        late += [
+          (u, k)
+          for u, k in users.get(name, ())
+          if u.position > node.position
+          and not u.is_root
+          and (u.name, name) not in on_path
+          and u.opcode not in ("copy", "bitcast")
+        ]
       state = []
     state.append(node.name)
   return sorted(set(late), key=lambda p: (p[0].position, p[1]))
@@ -127,15 +154,27 @@ def _computed_elsewhere(a, comp, copy, slot, value):
   what = _WORDS.get(producer.opcode, producer.opcode)
   target = "the carry's buffer" if slot.index is not None else "the donated buffer"
   if copy in slot.path:  # the copy writes the new value into the slot's buffer
-    return (f"the new value of {value} is computed by {what}{_at([made])} into a buffer of its "
-            f"own and copied into {target}", [made] if made else [], None)
+    return (
+      f"the new value of {value} is computed by {what}{_at([made])} into a buffer of its "
+      f"own and copied into {target}",
+      [made] if made else [],
+      None,
+    )
   users = a.users(comp)
-  read = [ln for name in _with_copies(users, [copy.name]) for u, k in users.get(name, ())
-          if not u.is_root and u.opcode not in ("copy", "bitcast") for ln in reader_lines(a, u, k)]
+  read = [
+    ln
+    for name in _with_copies(users, [copy.name])
+    for u, k in users.get(name, ())
+    if not u.is_root and u.opcode not in ("copy", "bitcast")
+    for ln in reader_lines(a, u, k)
+  ]
   read = list(dict.fromkeys(read))
-  return (f"the new value of {value} is written into {target} by {what}{_at([made])} while its "
-          f"old value is still read{_at(read)}, so XLA keeps the old value in a copy",
-          read + ([made] if made else []), None)
+  return (
+    f"the new value of {value} is written into {target} by {what}{_at([made])} while its "
+    f"old value is still read{_at(read)}, so XLA keeps the old value in a copy",
+    read + ([made] if made else []),
+    None,
+  )
 
 
 def _not_donated(a, comp, copy, origin, value):
@@ -152,12 +191,18 @@ def _not_donated(a, comp, copy, origin, value):
       break
   if loop is not None:
     line = a.m.source(loop)
-    return (f"{value} is not donated and the loop{_at([line])} updates its carry in place, so XLA "
-            "first copies it into a buffer of its own", [line] if line else [],
-            f"donate {path} (donate_argnums / donate_argnames) if the caller does not need it "
-            "after the call")
-  return (f"{value} is not donated, so XLA copies it to make an output or a buffer it may write",
-          _own(a, copy), f"donate {path} if the caller does not need it after the call")
+    return (
+      f"{value} is not donated and the loop{_at([line])} updates its carry in place, so XLA "
+      "first copies it into a buffer of its own",
+      [line] if line else [],
+      f"donate {path} (donate_argnums / donate_argnames) if the caller does not need it "
+      "after the call",
+    )
+  return (
+    f"{value} is not donated, so XLA copies it to make an output or a buffer it may write",
+    _own(a, copy),
+    f"donate {path} if the caller does not need it after the call",
+  )
 
 
 def _members(a, comp, slot) -> set[str]:
@@ -209,7 +254,8 @@ def reader_lines(a, user, k: int) -> list[str]:
 
 
 def _first_sources(a, comp, start) -> list[str]:
-  users, found, todo, seen = a.users(comp), [], [start], set()
+  found: list[str] = []
+  users, todo, seen = a.users(comp), [start], set()
   while todo and not found:
     nxt = []
     for node in todo:
@@ -262,14 +308,14 @@ class JaxprLoops:
   """The loops of a traced jaxpr by source line: kind, carries, and their reads and updates."""
 
   def __init__(self, closed):
-    self.loops: dict[str, list] = {}
+    self.loops: dict[str | None, list] = {}
     self._walk(_jaxprs.open_jaxpr(closed) or closed)
 
   def _walk(self, jaxpr) -> None:
     for eqn in jaxpr.eqns:
       loop = _compat.loop_layout(eqn)
       if loop is not None:
-        carries = loop.body.invars[loop.body_consts:loop.body_consts + loop.carries]
+        carries = loop.body.invars[loop.body_consts : loop.body_consts + loop.carries]
         key = _line_key(_compat.source_line(eqn.source_info))
         kind = "scan" if loop.kind == "scan" else "while_loop"
         self.loops.setdefault(key, []).append((kind, tuple(carries), loop.body))
@@ -287,9 +333,12 @@ class JaxprLoops:
     elements of that shape, how many there are) picks one when the counts agree (XLA keeps the
     order of the loop state).
     """
-    for kind, carries, body in self.loops.get(_line_key(line), ()):
-      same = [j for j, v in enumerate(carries) if tuple(v.aval.shape) == tuple(shape.dims)
-              and hlo_dtype(v.aval.dtype) == shape.dtype]
+    for _kind, carries, body in self.loops.get(_line_key(line), ()):
+      same = [
+        j
+        for j, v in enumerate(carries)
+        if tuple(v.aval.shape) == tuple(shape.dims) and hlo_dtype(v.aval.dtype) == shape.dtype
+      ]
       if len(same) > 1 and rank is not None and rank[1] == len(same):
         same = [same[rank[0]]]
       if len(same) == 1:
@@ -306,7 +355,8 @@ class JaxprLoops:
     found = self._carry(line, shape) if shape.elements is None else None
     if found is None:
       return [], []
-    read, wrote = [], []
+    read: list = []
+    wrote: list = []
     for eqn, k in _uses(found[2], found[1]):
       where = _compat.source_line(eqn.source_info)
       (wrote if k == 0 and eqn.primitive.name in _primitives.IN_PLACE else read).append(where)

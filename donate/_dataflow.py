@@ -25,11 +25,9 @@ from typing import Any
 
 from jax.extend import core as jcore
 
-from donate import _errors
-from donate import _compat
-from donate._jaxprs import open_jaxpr
-from donate import _primitives
+from donate import _compat, _errors, _primitives
 from donate._decision_types import Request
+from donate._jaxprs import open_jaxpr
 from donate._primitives import alias_p, donate_buffer_p, is_donate_jit
 
 EXPLICIT = 9  # an explicit `alias`: survives any chain
@@ -53,6 +51,7 @@ class Annotation:
     origin: index of the outer input leaf it resolves to, or None (intermediate or constant).
     dst_origin: for ALIAS, the input leaf `dst` is, if it is one (an error: inputs cannot alias).
   """
+
   kind: Request
   where: str
   origin: int | None
@@ -63,11 +62,12 @@ class Annotation:
 class Dataflow:
   """What the planner needs from a program: annotations, output sources, inputs it reads, and
   which input can host which output (`can_host`, `dies_into`)."""
+
   annotations: tuple[Annotation, ...]
   out_sources: tuple[dict[int, int], ...]
   out_explicit: tuple[frozenset[int], ...]  # per output: inputs an explicit alias puts it in
   used: tuple[bool, ...]
-  hosting: "LazyHosting | None" = dataclasses.field(default=None, compare=False)
+  hosting: LazyHosting | None = dataclasses.field(default=None, compare=False)
 
   def can_host(self, i: int, j: int) -> bool:
     """Whether input i's buffer can take output j without a copy: no operation that depends on
@@ -85,9 +85,10 @@ class LazyHosting:
   __slots__ = ("_jaxpr", "_skip", "_hosting")
 
   def __init__(self, jaxpr, skip: int):
-    self._jaxpr, self._skip, self._hosting = jaxpr, skip, None
+    self._jaxpr, self._skip = jaxpr, skip
+    self._hosting: Hosting | None = None
 
-  def get(self) -> "Hosting":
+  def get(self) -> Hosting:
     if self._hosting is None:
       self._hosting = Hosting(self._jaxpr, self._skip)
     return self._hosting
@@ -97,7 +98,7 @@ def _cap(sources: dict[int, int], cap: int) -> dict[int, int]:
   """`sources` with every link below EXPLICIT weakened to at most `cap` (the same dict when
   nothing changes: source dicts are never mutated once made)."""
   if len(sources) == 1:  # the common case, without a generator
-    (k, s), = sources.items()
+    ((k, s),) = sources.items()
     return sources if s <= cap or s >= EXPLICIT else {k: cap}
   if all(s <= cap or s >= EXPLICIT for s in sources.values()):
     return sources
@@ -125,8 +126,12 @@ def _elementwise(eqn, operand_sources: list[dict[int, int]]) -> dict[int, int]:
 
 _EMPTY: dict[int, int] = {}  # the sources of a literal or an unknown value (never mutated)
 # Elementwise primitives no earlier rule of `_Walker._eqn` claims (see the fast path in `walk`).
-_ELEMENTWISE_ONLY = frozenset(_primitives.ELEMENTWISE - _primitives.IDENTITY - _primitives.IN_PLACE
-                              - {"scan", "while", "cond", donate_buffer_p.name, alias_p.name})
+_ELEMENTWISE_ONLY = frozenset(
+  _primitives.ELEMENTWISE
+  - _primitives.IDENTITY
+  - _primitives.IN_PLACE
+  - {"scan", "while", "cond", donate_buffer_p.name, alias_p.name}
+)
 
 
 class _Walker:
@@ -136,15 +141,19 @@ class _Walker:
     self.annotations: list[Annotation] = []
     self.check_consumed = check_consumed
 
-  def walk(self, jaxpr: jcore.Jaxpr, origin_in: list[int | None],
-           sources_in: list[dict[int, int]]) -> tuple[list[int | None], list[dict[int, int]]]:
+  def walk(
+    self, jaxpr: jcore.Jaxpr, origin_in: list[int | None], sources_in: list[dict[int, int]]
+  ) -> tuple[list[int | None], list[dict[int, int]]]:
     """Returns (origin, sources) of `jaxpr.outvars` given those of `jaxpr.invars`."""
     origin: dict[Any, int | None] = {}
     sources: dict[Any, dict[int, int]] = {}
     for v, o, s in zip(jaxpr.invars, origin_in, sources_in):
       origin[v], sources[v] = o, s
     literal, nothing = jcore.Literal, (None, _EMPTY)
-    read = lambda v: nothing if isinstance(v, literal) else (origin.get(v), sources.get(v, _EMPTY))
+
+    def read(v):
+      return nothing if isinstance(v, literal) else (origin.get(v), sources.get(v, _EMPTY))
+
     consumed: dict[Any, tuple[str, str]] = {}  # var -> (what consumed it, where)
     for eqn in jaxpr.eqns:
       if consumed and self.check_consumed:
@@ -154,20 +163,24 @@ class _Walker:
         # of these): the same rule, `_elementwise`.
         out = eqn.outvars[0]
         origin[out] = None
-        sources[out] = _elementwise(eqn, [_EMPTY if isinstance(v, literal)
-                                          else sources.get(v, _EMPTY) for v in eqn.invars])
+        sources[out] = _elementwise(
+          eqn, [_EMPTY if isinstance(v, literal) else sources.get(v, _EMPTY) for v in eqn.invars]
+        )
         continue
       ins = [read(v) for v in eqn.invars]
       outs = self._eqn(eqn, ins, consumed)
       for v, (o, s) in zip(eqn.outvars, outs):
         origin[v], sources[v] = o, s
     if self.check_consumed:
-      for v in jaxpr.outvars:
-        if not isinstance(v, jcore.Literal) and v in consumed:
-          what, where = consumed[v]
-          raise _errors.DonationError(_errors.message(
+      for atom in jaxpr.outvars:
+        if not isinstance(atom, jcore.Literal) and atom in consumed:
+          what, where = consumed[atom]
+          raise _errors.DonationError(
+            _errors.message(
               f"a value given up by {what} at {where} is returned afterwards",
-              fix="return the value the annotation returned instead of the original"))
+              fix="return the value the annotation returned instead of the original",
+            )
+          )
     outs = [read(v) for v in jaxpr.outvars]
     return [o for o, _ in outs], [s for _, s in outs]
 
@@ -175,17 +188,20 @@ class _Walker:
     for v in eqn.invars:
       if not isinstance(v, jcore.Literal) and v in consumed:
         what, where = consumed[v]
-        raise _errors.DonationError(_errors.message(
+        raise _errors.DonationError(
+          _errors.message(
             f"a value given up by {what} at {where} is read again at "
             f"{_compat.source_line(eqn.source_info)} (by {eqn.primitive.name})",
-            fix="use the value the annotation returned from then on (x = donate.donate_buffer(x))"))
+            fix="use the value the annotation returned from then on (x = donate.donate_buffer(x))",
+          )
+        )
 
   def _eqn(self, eqn, ins, consumed):
     name = eqn.primitive.name
     params = eqn.params
     if eqn.primitive is donate_buffer_p:
       where = _compat.source_line(eqn.source_info)
-      (o, s), = ins
+      ((o, s),) = ins
       self.annotations.append(Annotation(Request.DONATE_BUFFER, where, o))
       consumed[eqn.invars[0]] = (Request.DONATE_BUFFER.label, where)
       return [(o, s)]
@@ -199,7 +215,8 @@ class _Walker:
         return [(None, _cap(ds, ELEMENTWISE))]
       return [(so, {so: EXPLICIT})]
     if (name in _primitives.IDENTITY or name in _primitives.TRANSPARENT) and (
-        len(eqn.invars) == len(eqn.outvars)):
+      len(eqn.invars) == len(eqn.outvars)
+    ):
       return list(ins)  # marks, casts and sharding annotations: each stays the same value
     if name in _primitives.IN_PLACE:
       return [(None, _cap(ins[0][1], UPDATE))] + [(None, {})] * (len(eqn.outvars) - 1)
@@ -223,8 +240,7 @@ class _Walker:
       where = _compat.source_line(eqn.source_info)
       for d, (o, _) in zip(donated, ins):
         if d:
-          kind = (Request.DONATE_JIT if is_donate_jit(eqn.params.get("jaxpr"))
-                  else Request.INNER_JIT)
+          kind = Request.DONATE_JIT if is_donate_jit(eqn.params.get("jaxpr")) else Request.INNER_JIT
           self.annotations.append(Annotation(kind, where, o))
     for key in _CALL_PARAMS:
       sub = open_jaxpr(eqn.params.get(key))
@@ -233,7 +249,7 @@ class _Walker:
         if len(origins) == len(eqn.outvars):
           return list(zip(origins, sources))
     for value in eqn.params.values():  # other sub-jaxprs: walk for annotations only
-      for sub in (value if isinstance(value, tuple) else (value,)):
+      for sub in value if isinstance(value, tuple) else (value,):
         jaxpr = open_jaxpr(sub)
         if jaxpr is not None:
           self.walk(jaxpr, [None] * len(jaxpr.invars), [{}] * len(jaxpr.invars))
@@ -241,7 +257,7 @@ class _Walker:
 
   def _loop(self, body, ins, n_before_carry, n_carry):
     consts = ins[:n_before_carry]
-    carry = [(o, _cap(s, CARRY)) for o, s in ins[n_before_carry:n_before_carry + n_carry]]
+    carry = [(o, _cap(s, CARRY)) for o, s in ins[n_before_carry : n_before_carry + n_carry]]
     rest = [(None, {})] * (len(open_jaxpr(body).invars) - n_before_carry - n_carry)
     origins, sources = self._inner(body, consts + carry + rest)
     # The final carry lives where the body's result lives; only carries updated in place stay.
@@ -256,7 +272,7 @@ class _Walker:
   def _while(self, eqn, ins):
     loop = _compat.loop_layout(eqn)
     cn, bn = loop.cond_consts, loop.body_consts
-    self._inner(eqn.params["cond_jaxpr"], ins[:cn] + ins[cn + bn:])
+    self._inner(eqn.params["cond_jaxpr"], ins[:cn] + ins[cn + bn :])
     finals, _ = self._loop(eqn.params["body_jaxpr"], ins[cn:], bn, loop.carries)
     return finals
 
@@ -280,14 +296,18 @@ def analyze(closed: jcore.ClosedJaxpr, skip: int = 0) -> Dataflow:
   walker = _Walker()
   origins = [None] * skip + list(range(n))
   _, sources = walker.walk(jaxpr, origins, [{}] * skip + [{i: IDENTITY} for i in range(n)])
-  none = frozenset()
-  explicit = tuple(frozenset(k for k, s in src.items() if s >= EXPLICIT)
-                   if any(s >= EXPLICIT for s in src.values()) else none for src in sources)
+  none: frozenset[int] = frozenset()
+  explicit = tuple(
+    frozenset(k for k, s in src.items() if s >= EXPLICIT)
+    if any(s >= EXPLICIT for s in src.values())
+    else none
+    for src in sources
+  )
   plain = tuple(_cap(src, IDENTITY) for src in sources)
   # An input some output's sources name is read (a source is a real data dependency); only when
   # one is not named does dead-code elimination decide whether anything reads it.
   named = set().union(*sources)
-  used = ((True,) * n if len(named) == n else tuple(_compat.used_inputs(jaxpr)[skip:]))
+  used = (True,) * n if len(named) == n else tuple(_compat.used_inputs(jaxpr)[skip:])
   return Dataflow(tuple(walker.annotations), plain, explicit, used, LazyHosting(jaxpr, skip))
 
 
@@ -320,7 +340,8 @@ class Hosting:
     if hit is None:
       late = self._late_readers(i, j)
       hit = self._blocked[key] = i in self.returned or bool(
-          late and v is not None and v >= self.reads.n_inputs and self.reads.depends(v, late))
+        late and v is not None and v >= self.reads.n_inputs and self.reads.depends(v, late)
+      )
     return hit
 
   def dies(self, i: int, j: int) -> bool:
@@ -343,12 +364,16 @@ class _Readers:
 
   def walk(self, jaxpr, ids: list) -> list:
     env = dict(zip(jaxpr.invars, ids))
-    get = lambda v: None if isinstance(v, jcore.Literal) else env.get(v)
+
+    def get(v):
+      return None if isinstance(v, jcore.Literal) else env.get(v)
+
     for eqn in jaxpr.eqns:
       ins = [get(v) for v in eqn.invars]
       name = eqn.primitive.name
       if (name in _primitives.IDENTITY or name in _primitives.TRANSPARENT) and (
-          len(ins) == len(eqn.outvars)):
+        len(ins) == len(eqn.outvars)
+      ):
         env.update(zip(eqn.outvars, ins))
         continue
       sub = _inlined(eqn)
@@ -389,8 +414,11 @@ def _inlined(eqn):
     return None
   for key in _CALL_PARAMS:
     sub = open_jaxpr(eqn.params.get(key))
-    if sub is not None and len(sub.invars) == len(eqn.invars) and (
-        len(sub.outvars) == len(eqn.outvars)):
+    if (
+      sub is not None
+      and len(sub.invars) == len(eqn.invars)
+      and (len(sub.outvars) == len(eqn.outvars))
+    ):
       return sub
   return None
 

@@ -25,6 +25,7 @@ class Action(enum.StrEnum):
   >>> donate.Action.ALIASED == "aliased", str(donate.Action.DONOR)
   (True, 'donor')
   """
+
   ALIASED = "aliased"
   DONOR = "donor"
   KEPT = "kept"
@@ -47,6 +48,7 @@ class Kind(enum.StrEnum):
   >>> [d.info.kind for d in plan.decisions] == [donate.Kind.DEVICE, donate.Kind.HOST]
   True
   """
+
   DEVICE = "device"
   ABSTRACT = "abstract"
   REF = "ref"
@@ -69,6 +71,7 @@ class Request(enum.StrEnum):
   >>> d.request, d.request == "donate_buffer", d.source == f"donate_buffer at {d.where}"
   (<Request.DONATE_BUFFER: 'donate_buffer'>, True, True)
   """
+
   DONATE_ARGNUMS = "donate_argnums"
   DONATE_ARGNAMES = "donate_argnames"
   DONATE_BUFFER = "donate_buffer"
@@ -117,6 +120,7 @@ class Cause(enum.StrEnum):
   >>> f.plan(jnp.ones(4), jnp.ones(4)).decisions[0].cause == donate.Cause.ELEMENTWISE_UPDATE
   True
   """
+
   NOT_REQUESTED = enum.auto()
   INNER_JIT_IGNORED = enum.auto()
   NOT_A_DEVICE_BUFFER = enum.auto()

@@ -10,17 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from donate import _copies
-from donate import _errors
+from donate import _copies, _errors
 from donate._decision_types import Action, Cause, Kind, Request
 from donate._text import format_bytes, is_symbolic, shape_text, sharding_str
 
 # The plain names of the enum members, as earlier versions spelled them (each equals its string).
-ALIASED, DONOR, KEPT, UNUSABLE, UNUSED = (Action.ALIASED, Action.DONOR, Action.KEPT,
-                                          Action.UNUSABLE, Action.UNUSED)
+ALIASED, DONOR, KEPT = Action.ALIASED, Action.DONOR, Action.KEPT
+UNUSABLE, UNUSED = Action.UNUSABLE, Action.UNUSED
 REF = Action.REF  # the action of a `jax.Ref` leaf; equal to its kind, `Kind.REF`
+# The HTML table's row colour of each action.
+_COLORS = {
+  ALIASED: "#d4f7d4",
+  DONOR: "#e8f0ff",
+  UNUSED: "#f0f0f0",
+  UNUSABLE: "#ffd6d6",
+  REF: "#fff3d6",
+}
 DEVICE, ABSTRACT, HOST = Kind.DEVICE, Kind.ABSTRACT, Kind.HOST
 
 _WIDTH = 100  # the plan's text fits in this many columns
@@ -40,6 +48,7 @@ class LeafInfo:
   >>> info.is_array, info.kind == "device"
   (True, True)
   """
+
   path: str
   shape: tuple[int, ...]
   dtype: str
@@ -60,6 +69,7 @@ class LeafInfo:
 @dataclasses.dataclass(frozen=True, slots=True)
 class OutputInfo:
   """Static facts about one output leaf (`sharding_obj` when `out_shardings` fixes it)."""
+
   path: str
   shape: tuple[int, ...]
   dtype: str
@@ -100,6 +110,7 @@ class LeafDecision:
   >>> d.request, d.source
   (<Request.DONATE_ARGNUMS: 'donate_argnums'>, 'donate_argnums')
   """
+
   info: LeafInfo
   request: Request | None
   where: str | None
@@ -167,6 +178,7 @@ class MemoryStats:
   >>> m.argument, m.output, m.alias, m.temp, m.peak
   (1024, 1024, 1024, 0, 1024)
   """
+
   argument: int
   output: int
   alias: int
@@ -179,19 +191,24 @@ class MemoryStats:
     return self.argument + self.output - self.alias + self.temp
 
   @classmethod
-  def from_compiled(cls, compiled) -> "MemoryStats | None":
+  def from_compiled(cls, compiled) -> MemoryStats | None:
     stats = compiled.memory_analysis()
     if stats is None:
       return None
-    return cls(int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes),
-               int(stats.alias_size_in_bytes), int(stats.temp_size_in_bytes),
-               int(stats.generated_code_size_in_bytes))
+    return cls(
+      int(stats.argument_size_in_bytes),
+      int(stats.output_size_in_bytes),
+      int(stats.alias_size_in_bytes),
+      int(stats.temp_size_in_bytes),
+      int(stats.generated_code_size_in_bytes),
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Layout:
   """The leaves the compiled program donates: the paired inputs and the buffer donors, in flat
   order. Arguments and results keep the user's order."""
+
   donated: tuple[int, ...]
 
 
@@ -209,6 +226,7 @@ class DonationPlan:
   >>> plan.bytes_requested, plan.bytes_reused
   (524288, 524288)
   """
+
   function: str
   decisions: tuple[LeafDecision, ...]
   outputs: tuple[OutputInfo, ...]
@@ -237,8 +255,11 @@ class DonationPlan:
   @property
   def aliases(self) -> dict[str, str]:
     """The alias map: output path -> input path whose buffer it takes over."""
-    return {d.output: d.path for d in self.decisions
-            if d.output is not None and d.action in (ALIASED, DONOR)}
+    return {
+      d.output: d.path
+      for d in self.decisions
+      if d.output is not None and d.action in (ALIASED, DONOR)
+    }
 
   @property
   def unusable(self) -> tuple[LeafDecision, ...]:
@@ -247,11 +268,16 @@ class DonationPlan:
   def pairs(self) -> dict[int, int]:
     """{input leaf index: output index} of the planned aliases."""
     index = {o.path: j for j, o in enumerate(self.outputs)}
-    return {i: index[d.output] for i, d in enumerate(self.decisions) if d.action == ALIASED}
+    aliased = [(i, d.output) for i, d in enumerate(self.decisions) if d.action == ALIASED]
+    return {i: index[out] for i, out in aliased if out is not None}
 
-  def realize(self, realized: dict[int, int], memory: MemoryStats | None,
-              shardings: dict[int, tuple[str, str]] | None = None,
-              out_shardings: dict[int, str] | None = None) -> "DonationPlan":
+  def realize(
+    self,
+    realized: dict[int, int],
+    memory: MemoryStats | None,
+    shardings: dict[int, tuple[str, str]] | None = None,
+    out_shardings: dict[str, str] | None = None,
+  ) -> DonationPlan:
     """Folds in what the compiled program does: realized[leaf index] = output index it aliases.
 
     A planned alias XLA did not make becomes "unusable" with the reason (`shardings[i]` gives the
@@ -267,21 +293,27 @@ class DonationPlan:
       if d.action == ALIASED and got_path != d.output:
         if got_path is not None:
           reason = f"XLA reuses it for {got_path} (planned {d.output})"
-          decisions[i] = dataclasses.replace(d, output=got_path, cause=Cause.XLA_OTHER_OUTPUT,
-                                             reason=reason)
-        else:
-          decisions[i] = dataclasses.replace(d, action=UNUSABLE, output=None,
-                                             **_not_made(d.output, shardings.get(i)))
-      elif d.action == DONOR:
-        if got_path:
-          differs = _differences(d, self.outputs[got], out_shardings)
-          reason = f"XLA reuses it for {got_path} ({differs})"
-          decisions[i] = dataclasses.replace(d, output=got_path, action=ALIASED,
-                                             cause=Cause.DONOR_REUSED, reason=reason)
+          decisions[i] = dataclasses.replace(
+            d, output=got_path, cause=Cause.XLA_OTHER_OUTPUT, reason=reason
+          )
         else:
           decisions[i] = dataclasses.replace(
-              d, action=UNUSABLE, cause=Cause.DONOR_NOT_REUSED,
-              reason="offered to XLA as a donor, but XLA reused it for no output; it stays alive")
+            d, action=UNUSABLE, output=None, **_not_made(d.output, shardings.get(i))
+          )
+      elif d.action == DONOR:
+        if got_path and got is not None:
+          differs = _differences(d, self.outputs[got], out_shardings)
+          reason = f"XLA reuses it for {got_path} ({differs})"
+          decisions[i] = dataclasses.replace(
+            d, output=got_path, action=ALIASED, cause=Cause.DONOR_REUSED, reason=reason
+          )
+        else:
+          decisions[i] = dataclasses.replace(
+            d,
+            action=UNUSABLE,
+            cause=Cause.DONOR_NOT_REUSED,
+            reason="offered to XLA as a donor, but XLA reused it for no output; it stays alive",
+          )
     return dataclasses.replace(self, decisions=tuple(decisions), memory=memory, compiled=True)
 
   def explain_unusable(self, decisions: Sequence[LeafDecision] | None = None) -> str:
@@ -291,31 +323,51 @@ class DonationPlan:
     """
     unusable = self.unusable if decisions is None else tuple(decisions)
     avals = ", ".join(f"{_type(d)} ({d.path})" for d in unusable)
-    lines = [f"{_errors.JAX_UNUSABLE_PREFIX} {avals}.",
-             f"{self.function}: {len(unusable)} donated buffer(s) cannot be used and stay alive:"]
-    lines += [f"  {d.path}: {_type(d)}, sharding {d.sharding}, memory kind "
-              f"{d.memory_kind}: {d.reason}" for d in unusable]
-    lines.append("Fix: return an output of the same shape, dtype and sharding, or leave these "
-                 "leaves out of donate_argnums.")
+    lines = [
+      f"{_errors.JAX_UNUSABLE_PREFIX} {avals}.",
+      f"{self.function}: {len(unusable)} donated buffer(s) cannot be used and stay alive:",
+    ]
+    lines += [
+      f"  {d.path}: {_type(d)}, sharding {d.sharding}, memory kind {d.memory_kind}: {d.reason}"
+      for d in unusable
+    ]
+    lines.append(
+      "Fix: return an output of the same shape, dtype and sharding, or leave these "
+      "leaves out of donate_argnums."
+    )
     return "\n".join(lines)
 
   def explain_host(self) -> str:
     """The strict-mode error for requested leaves that are not device buffers."""
     host = [d for d in self.decisions if d.requested and d.cause == Cause.NOT_A_DEVICE_BUFFER]
-    return "\n".join(_errors.message(
+    return "\n".join(
+      _errors.message(
         f"{self.function}: strict mode cannot donate a leaf that is not a device buffer "
-        f"(asked by {d.source})", path=d.path, expected="a jax.Array", got=d.info.type_name,
-        fix="pass an array (jnp.asarray(x)) or leave this argument out of donate_argnums")
-        for d in host)
+        f"(asked by {d.source})",
+        path=d.path,
+        expected="a jax.Array",
+        got=d.info.type_name,
+        fix="pass an array (jnp.asarray(x)) or leave this argument out of donate_argnums",
+      )
+      for d in host
+    )
 
   def __str__(self) -> str:
-    lines = _wrap([f"DonationPlan for {self.function}: {len(self.decisions)} input leaves, "
-                   f"{len(self.outputs)} outputs"])
+    lines = _wrap(
+      [
+        f"DonationPlan for {self.function}: {len(self.decisions)} input leaves, "
+        f"{len(self.outputs)} outputs"
+      ]
+    )
     lines += _table(self.decisions)
     lines += _wrap([f"note: {n}" for n in self.notes])
     if self.collective_memory_bytes:
-      lines += _wrap([f"symmetric memory: {format_bytes(self.collective_memory_bytes)} of marked "
-                      "buffers (donate.planner.plan_memory packs them into pools)"])
+      lines += _wrap(
+        [
+          f"symmetric memory: {format_bytes(self.collective_memory_bytes)} of marked "
+          "buffers (donate.planner.plan_memory packs them into pools)"
+        ]
+      )
     lines += _wrap([f"totals (global arrays): {self._totals()}"])
     if self.memory is not None:
       lines += _wrap([f"compiled (per device): {_memory_text(self.memory)}"])
@@ -329,31 +381,37 @@ class DonationPlan:
   def _totals(self) -> str:
     """Bytes requested and reused; with symbolic shapes (`jax.export.symbolic_shape`) these are
     expressions of the dimension variables, and the text says so."""
-    text = (f"requested {format_bytes(self.bytes_requested)}, "
-            f"reused {format_bytes(self.bytes_reused)}")
+    text = (
+      f"requested {format_bytes(self.bytes_requested)}, reused {format_bytes(self.bytes_reused)}"
+    )
     if is_symbolic(self.bytes_requested) or is_symbolic(self.bytes_reused):
       text += " (symbolic: bytes in terms of dimension variables)"
     return text
 
   def _repr_html_(self) -> str:
     esc = html.escape
-    head = "".join(f"<th>{h}</th>" for h in
-                   ("input", "type", "bytes", "sharding", "donate", "action", "output", "reason"))
-    colors = {ALIASED: "#d4f7d4", DONOR: "#e8f0ff", UNUSED: "#f0f0f0", UNUSABLE: "#ffd6d6",
-              REF: "#fff3d6"}
+    head = "".join(
+      f"<th>{h}</th>"
+      for h in ("input", "type", "bytes", "sharding", "donate", "action", "output", "reason")
+    )
+    colors = _COLORS
     body = "".join(
-        f"<tr style='background:{colors.get(d.action, 'transparent')}'>"
-        f"<td><code>{esc(d.path)}</code></td><td>{esc(_type(d))}</td>"
-        f"<td>{format_bytes(d.nbytes)}</td><td>{esc(d.sharding)}</td>"
-        f"<td>{esc(d.source) if d.requested else '-'}</td>"
-        f"<td><b>{d.action}</b></td><td><code>{esc(d.output or '-')}</code></td>"
-        f"<td>{esc(d.reason)}</td></tr>" for d in self.decisions)
+      f"<tr style='background:{colors.get(d.action, 'transparent')}'>"
+      f"<td><code>{esc(d.path)}</code></td><td>{esc(_type(d))}</td>"
+      f"<td>{format_bytes(d.nbytes)}</td><td>{esc(d.sharding)}</td>"
+      f"<td>{esc(d.source) if d.requested else '-'}</td>"
+      f"<td><b>{d.action}</b></td><td><code>{esc(d.output or '-')}</code></td>"
+      f"<td>{esc(d.reason)}</td></tr>"
+      for d in self.decisions
+    )
     foot = f"<p>global arrays: {esc(self._totals())}"
     if self.memory is not None:
       foot += f"; compiled, per device: {_memory_text(self.memory)}"
     foot += "</p>" + "".join(f"<p>note: {esc(n)}</p>" for n in self.notes)
-    return (f"<div><b>DonationPlan for {esc(self.function)}</b><table>"
-            f"<tr>{head}</tr>{body}</table>{foot}{_copies.copies_html(self.copies or ())}</div>")
+    return (
+      f"<div><b>DonationPlan for {esc(self.function)}</b><table>"
+      f"<tr>{head}</tr>{body}</table>{foot}{_copies.copies_html(self.copies or ())}</div>"
+    )
 
 
 NOT_A_DEVICE_BUFFER = "not donated: not a device buffer"
@@ -363,22 +421,37 @@ WRITTEN_BACK = "ref: written back in place"  # the reason of every ref leaf the 
 def _not_made(output: str | None, shardings: tuple[str, str] | None) -> dict:
   """The cause and reason of a planned alias XLA did not make."""
   if shardings is not None:
-    return dict(cause=Cause.SHARDING_DIFFERS,
-                reason=f"not usable: sharding differs (in {shardings[0]}, out {shardings[1]})")
-  return dict(cause=Cause.ALIAS_NOT_MADE,
-              reason=f"planned for {output}, but XLA did not make the alias; it stays alive")
+    return {
+      "cause": Cause.SHARDING_DIFFERS,
+      "reason": f"not usable: sharding differs (in {shardings[0]}, out {shardings[1]})",
+    }
+  return {
+    "cause": Cause.ALIAS_NOT_MADE,
+    "reason": f"planned for {output}, but XLA did not make the alias; it stays alive",
+  }
 
 
 def _memory_text(m: MemoryStats) -> str:
-  return (f"arguments {format_bytes(m.argument)}, outputs {format_bytes(m.output)}, "
-          f"aliased {format_bytes(m.alias)}, temporaries {format_bytes(m.temp)}, "
-          f"peak {format_bytes(m.peak)}")
+  return (
+    f"arguments {format_bytes(m.argument)}, outputs {format_bytes(m.output)}, "
+    f"aliased {format_bytes(m.alias)}, temporaries {format_bytes(m.temp)}, "
+    f"peak {format_bytes(m.peak)}"
+  )
 
 
 def _table(decisions: Sequence[LeafDecision]) -> list[str]:
-  """Fixed columns first (action, bytes, type, sharding), then `input -> output`, then the reason."""
-  rows = [(d.action, format_bytes(d.nbytes), _type(d), d.sharding,
-           d.path + (f" -> {d.output}" if d.output else ""), d) for d in decisions]
+  """Fixed columns first (action, bytes, type, sharding), then `input -> output`, the reason."""
+  rows: list[tuple[Any, ...]] = [
+    (
+      d.action,
+      format_bytes(d.nbytes),
+      _type(d),
+      d.sharding,
+      d.path + (f" -> {d.output}" if d.output else ""),
+      d,
+    )
+    for d in decisions
+  ]
   head = ("action", "bytes", "type", "sharding", "input -> output")
   widths = [max([len(head[k])] + [len(r[k]) for r in rows]) for k in range(4)]
   lines = ["  " + "  ".join(h.ljust(w) for h, w in zip(head, widths + [0])).rstrip()]
@@ -406,7 +479,7 @@ def _type(d) -> str:
   return f"{d.dtype}[{','.join(map(str, d.shape))}]"
 
 
-def _differences(d: "LeafDecision", out: OutputInfo, out_shardings: dict[int, str] | None) -> str:
+def _differences(d: LeafDecision, out: OutputInfo, out_shardings: dict[str, str] | None) -> str:
   """What differs between a donated leaf and the output XLA put in its buffer, in words."""
   fields = []
   if tuple(out.shape) != tuple(d.shape):

@@ -31,10 +31,10 @@ def mlp_init(key, width: int = 512, depth_in: int = 512, out: int = 512):
   """
   k1, k2 = jax.random.split(key)
   return {
-      "w1": jax.random.normal(k1, (depth_in, width), jnp.float32) / jnp.sqrt(depth_in),
-      "b1": jnp.zeros((width,), jnp.float32),
-      "w2": jax.random.normal(k2, (width, out), jnp.float32) / jnp.sqrt(width),
-      "b2": jnp.zeros((out,), jnp.float32),
+    "w1": jax.random.normal(k1, (depth_in, width), jnp.float32) / jnp.sqrt(depth_in),
+    "b1": jnp.zeros((width,), jnp.float32),
+    "w2": jax.random.normal(k2, (width, out), jnp.float32) / jnp.sqrt(width),
+    "b2": jnp.zeros((out,), jnp.float32),
   }
 
 
@@ -116,8 +116,10 @@ def fill_fori(xs):
   >>> fill_fori(jnp.zeros((2, 3))).tolist()
   [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
   """
+
   def body(i, out):
     return out.at[i].set(jnp.sin(xs[i]) * 2.0)
+
   return lax.fori_loop(0, xs.shape[0], body, jnp.zeros_like(xs))
 
 
@@ -138,11 +140,13 @@ def micro_batches(key, micro: int = 4, batch: int = 32, width: int = 512, out: i
   ((4, 2, 3), (4, 2, 1))
   """
   kx, ky = jax.random.split(key)
-  return (jax.random.normal(kx, (micro, batch, width), jnp.float32),
-          jax.random.normal(ky, (micro, batch, out), jnp.float32))
+  return (
+    jax.random.normal(kx, (micro, batch, width), jnp.float32),
+    jax.random.normal(ky, (micro, batch, out), jnp.float32),
+  )
 
 
-# ---- a transformer block's training step, data + tensor (sequence) parallel ------------------------
+# ---- a transformer block's training step, data + tensor (sequence) parallel ----------------------
 # Mesh axes "dp" (data) and "tp" (tensor). Inside `shard_map`: activations are split over the
 # sequence on "tp" (sequence parallelism); all_gather rebuilds the full sequence before each
 # column-parallel matmul, psum_scatter sums the row-parallel partial products back into sequence
@@ -151,8 +155,16 @@ def micro_batches(key, micro: int = 4, batch: int = 32, width: int = 512, out: i
 # jitted step clips by the global gradient norm and applies momentum SGD on NamedSharding-ed
 # arrays, so XLA's partitioner inserts its own (un-annotated) all-reduces there.
 
-BLOCK_SPECS = {"ln1": P(), "ln2": P(), "wq": P(None, "tp"), "wk": P(None, "tp"),
-               "wv": P(None, "tp"), "wo": P("tp", None), "w1": P(None, "tp"), "w2": P("tp", None)}
+BLOCK_SPECS = {
+  "ln1": P(),
+  "ln2": P(),
+  "wq": P(None, "tp"),
+  "wk": P(None, "tp"),
+  "wv": P(None, "tp"),
+  "wo": P("tp", None),
+  "w1": P(None, "tp"),
+  "w2": P("tp", None),
+}
 """How each parameter of the block is split: column-parallel on "tp", row-parallel on "tp"."""
 
 DATA_SPEC = P("dp", "tp", None)
@@ -166,8 +178,16 @@ def block_shapes(d_model: int = 256, d_ff: int = 1024) -> dict:
   (8, 16)
   """
   d = d_model
-  return {"ln1": (d,), "ln2": (d,), "wq": (d, d), "wk": (d, d), "wv": (d, d), "wo": (d, d),
-          "w1": (d, d_ff), "w2": (d_ff, d)}
+  return {
+    "ln1": (d,),
+    "ln2": (d,),
+    "wq": (d, d),
+    "wk": (d, d),
+    "wv": (d, d),
+    "wo": (d, d),
+    "w1": (d, d_ff),
+    "w2": (d_ff, d),
+  }
 
 
 def block_init(key, d_model: int = 256, d_ff: int = 1024) -> dict:
@@ -178,8 +198,14 @@ def block_init(key, d_model: int = 256, d_ff: int = 1024) -> dict:
   """
   shapes = block_shapes(d_model, d_ff)
   keys = dict(zip(shapes, jax.random.split(key, len(shapes))))
-  return {k: (jnp.ones(s, jnp.float32) if len(s) == 1 else
-              jax.random.normal(keys[k], s, jnp.float32) / jnp.sqrt(s[0])) for k, s in shapes.items()}
+  return {
+    k: (
+      jnp.ones(s, jnp.float32)
+      if len(s) == 1
+      else jax.random.normal(keys[k], s, jnp.float32) / jnp.sqrt(s[0])
+    )
+    for k, s in shapes.items()
+  }
 
 
 def _norm(x, scale):
@@ -243,12 +269,20 @@ def block_grads(mesh, heads: int = 8, *, annotate: bool = True):
     grads = jax.tree.map(lambda g: lax.psum(g, "dp"), grads)
     return grads, lax.psum(value, ("dp", "tp"))
 
-  return jax.shard_map(local, mesh=mesh, in_specs=(BLOCK_SPECS, DATA_SPEC, DATA_SPEC),
-                       out_specs=(BLOCK_SPECS, P()))
+  return jax.shard_map(
+    local, mesh=mesh, in_specs=(BLOCK_SPECS, DATA_SPEC, DATA_SPEC), out_specs=(BLOCK_SPECS, P())
+  )
 
 
-def block_train_step(mesh, heads: int = 8, *, lr: float = 0.05, beta: float = 0.9,
-                     clip: float = 1.0, annotate: bool = True):
+def block_train_step(
+  mesh,
+  heads: int = 8,
+  *,
+  lr: float = 0.05,
+  beta: float = 0.9,
+  clip: float = 1.0,
+  annotate: bool = True,
+):
   """One training step: `(params, momentum, x, y) -> (params, momentum, loss)`.
 
   Gradients come from `block_grads` (shard_map); clipping by the global norm and the momentum
@@ -268,8 +302,9 @@ def block_train_step(mesh, heads: int = 8, *, lr: float = 0.05, beta: float = 0.
   return step
 
 
-def block_abstract_args(mesh, batch: int = 16, seq: int = 256, d_model: int = 256,
-                        d_ff: int = 1024) -> tuple:
+def block_abstract_args(
+  mesh, batch: int = 16, seq: int = 256, d_model: int = 256, d_ff: int = 1024
+) -> tuple:
   """`jax.ShapeDtypeStruct`s (params, momentum, x, y) sharded on `mesh`, for ahead-of-time use."""
   spec = lambda s, p: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p))
   params = {k: spec(s, BLOCK_SPECS[k]) for k, s in block_shapes(d_model, d_ff).items()}

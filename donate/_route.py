@@ -17,12 +17,13 @@ def is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool
     return False
   used = [options.keep_unused or u for u in flow.used]
   consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
-  jax_donated = [] if jax.config.jax_debug_nans else [i for i in requested if used[i]]
+  debug_nans = jax.config.jax_debug_nans  # type: ignore[attr-defined]  # set at run time
+  jax_donated = [] if debug_nans else [i for i in requested if used[i]]
   if not consumed <= set(jax_donated):
     return False
   fcfs = _pairing.fcfs_pairs(leaves, outputs, jax_donated)
   planned = plan.pairs()
-  device = {i for i, l in enumerate(leaves) if l.kind != Kind.HOST}
+  device = {i for i, leaf in enumerate(leaves) if leaf.kind != Kind.HOST}
   if xla_decides:
     # jax.jit offers every donated input to XLA as a donor and XLA pairs them first come, first
     # served after partitioning: jax.jit's own path makes the plan when its pairs agree with that.
@@ -30,8 +31,17 @@ def is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool
   return {i: j for i, j in fcfs.items() if i in device} == planned
 
 
-def first_come_only(options, plan, leaves, requested, flow, has_layouts: bool,
-                     n_consts: int, replay: bool, native: bool) -> str:
+def first_come_only(
+  options,
+  plan,
+  leaves,
+  requested,
+  flow,
+  has_layouts: bool,
+  n_consts: int,
+  replay: bool,
+  native: bool,
+) -> str:
   """Why this call must pair first come, first served as `jax.jit` does (empty: it need not).
 
   Custom layouts (an alias needs both sides laid out alike), hoisted constants in a replayed
@@ -49,8 +59,10 @@ def first_come_only(options, plan, leaves, requested, flow, has_layouts: bool,
     return "jax.Refs in donate_argnums, which only jax.jit's own lowering handles"
   differ = None if replay else _small_difference(plan, leaves, requested, flow, options)
   if differ:
-    return (f"it differs from jax.jit's only in buffers under copy_threshold "
-            f"({format_bytes(options.copy_threshold)})")
+    return (
+      f"it differs from jax.jit's only in buffers under copy_threshold "
+      f"({format_bytes(options.copy_threshold)})"
+    )
   return "" if differ is None else SAME_PAIRS
 
 
@@ -64,8 +76,9 @@ def _small_difference(plan, leaves, requested, flow, options) -> set[int] | None
   fcfs = _pairing.fcfs_pairs(leaves, plan.outputs, jax_donated)
   planned = plan.pairs()
   differ = {i for i in set(fcfs) | set(planned) if fcfs.get(i) != planned.get(i)}
-  small = all(isinstance(leaves[i].nbytes, int) and leaves[i].nbytes < options.copy_threshold
-              for i in differ)
+  small = all(
+    isinstance(leaves[i].nbytes, int) and leaves[i].nbytes < options.copy_threshold for i in differ
+  )
   return differ if small else None
 
 
@@ -79,8 +92,9 @@ def refs_beside_donors(plan, leaves, closed) -> bool:
   writes refs back: XLA may pair a donor with a ref's write-back and then rejects its own aliases
   (an internal error on jax 0.10 and 0.12). The replayed call states the shardings of the
   planned pairs instead (`_signature._inner`)."""
-  refs = (any(l.kind == Kind.REF for l in leaves)
-          or any(isinstance(c, jax.Ref) for c in closed.consts))
+  refs = any(leaf.kind == Kind.REF for leaf in leaves) or any(
+    isinstance(c, jax.Ref) for c in closed.consts
+  )
   return refs and any(d.consumed for d in plan.decisions)
 
 
@@ -108,7 +122,7 @@ def xla_decides(leaves, outputs) -> bool:
 
 
 def _multi_device(leaves, outputs) -> bool:
-  shardings = {}  # each sharding object once: a wide pytree's leaves share one or two
+  shardings: dict = {}  # each sharding object once: a wide pytree's leaves share one or two
   for x in (*leaves, *outputs):
     s = x.sharding_obj
     if s is not None:

@@ -15,10 +15,7 @@ from typing import Any
 import jax
 from jax import tree_util
 
-from donate import _compat
-from donate import _compiled
-from donate import _donation_plan
-from donate import _errors
+from donate import _compat, _compiled, _errors
 
 
 def _inputs_flat(tree) -> list:
@@ -48,13 +45,14 @@ class _Stage:
 
   @property
   def args_info(self):
-    """One `jax.stages.ArgInfo` per argument leaf; `.donated` is true when the program donates it."""
+    """One `jax.stages.ArgInfo` per argument leaf; `.donated` is true where the program donates."""
     if self._native:
       return self._jax.args_info
     donated = self._prep.donated
     flat = tree_util.tree_leaves(self._prep.traced.args_info)
-    return tree_util.tree_unflatten(self.in_tree, [
-        jax.stages.ArgInfo(a._aval, i in donated) for i, a in enumerate(flat)])
+    return tree_util.tree_unflatten(
+      self.in_tree, [jax.stages.ArgInfo(a._aval, i in donated) for i, a in enumerate(flat)]
+    )
 
   @property
   def in_avals(self):
@@ -111,19 +109,25 @@ class Traced(_Stage):
   def fun_name(self) -> str:
     return self._prep.traced.fun_name
 
-  def lower(self, *, lowering_platforms: tuple[str, ...] | None = None,
-            _private_parameters: Any = None) -> "Lowered":
+  def lower(
+    self, *, lowering_platforms: tuple[str, ...] | None = None, _private_parameters: Any = None
+  ) -> Lowered:
     """Lowers to StableHLO carrying the plan's `tf.aliasing_output` and `jax.buffer_donor`.
 
     With `lowering_platforms` or JAX's private lowering parameters (as `jax.export` passes),
     `jax.jit`'s own lowering of the function is used, in the user's argument and result order,
     carrying the plan's aliases and donors (`_lower_for_export`).
     """
-    kwargs = {k: v for k, v in (("lowering_platforms", lowering_platforms),
-                                ("_private_parameters", _private_parameters)) if v is not None}
+    kwargs = {
+      k: v
+      for k, v in (
+        ("lowering_platforms", lowering_platforms),
+        ("_private_parameters", _private_parameters),
+      )
+      if v is not None
+    }
     if kwargs:
-      return Lowered(self._prep, self._call, _lower_for_export(self._prep, kwargs),
-                     jax_native=True)
+      return Lowered(self._prep, self._call, _lower_for_export(self._prep, kwargs), jax_native=True)
     return Lowered(self._prep, self._call, self._prep.lower(self._call))
 
   def __call__(self, *args, **kwargs):
@@ -169,7 +173,7 @@ class Lowered(_Stage):
   def cost_analysis(self):
     return self._jax.cost_analysis()
 
-  def compile(self, compiler_options=None, *, device_assignment=None) -> "Compiled":
+  def compile(self, compiler_options=None, *, device_assignment=None) -> Compiled:
     """Compiles; the returned `Compiled.plan` has the aliases XLA really made."""
     if self._jax_native:
       compiled = self._jax.compile(compiler_options, device_assignment=device_assignment)
@@ -191,6 +195,8 @@ class Compiled(_Stage):
   >>> compiled(x).tolist(), x.is_deleted(), compiled.memory_analysis().temp_size_in_bytes
   ([2.0, 2.0, 2.0, 2.0], True, 0)
   """
+
+  _lowered: tuple  # (Lowered, compiler options), set by `Lowered.compile` for memory_profile
 
   def __init__(self, prep, jax_compiled, plan, jax_native: bool = False):
     super().__init__(prep, jax_compiled, jax_native)
@@ -221,7 +227,8 @@ class Compiled(_Stage):
     [(262144, 4, 'buf')]
     """
     if (threshold is None or threshold == self._plan.copy_threshold) and (
-        self._plan.copies is not None):
+      self._plan.copies is not None
+    ):
       return self._plan.copies
     threshold = self._plan.copy_threshold if threshold is None else threshold
     return _compiled.copies_of(self._prep, self._jax, threshold)
@@ -249,10 +256,12 @@ class Compiled(_Stage):
     True
     """
     from donate import _profile
+
     lowered, options = getattr(self, "_lowered", (None, None))
     baseline = _profile.baseline_of(self._prep, getattr(lowered, "_call", None))
-    return _profile.profile_of_compiled(self, _profile.signature_of(self._prep.fn), lowered,
-                                        options, baseline)
+    return _profile.profile_of_compiled(
+      self, _profile.signature_of(self._prep.fn), lowered, options, baseline
+    )
 
   def runtime_executable(self):
     return self._jax.runtime_executable()
@@ -288,11 +297,16 @@ class Compiled(_Stage):
       return self._jax(*args, **kwargs)
     call = self._prep.fn.binding.bind_dynamic(args, kwargs)
     if call.treedef != self._prep.call.treedef:
-      raise _errors.DonationTypeError(_errors.message(
+      raise _errors.DonationTypeError(
+        _errors.message(
           f"{self._prep.fn.name}: Function compiled with input pytree does not match the input "
-          "pytree it was called with", expected=str(self._prep.call.treedef),
-          got=str(call.treedef), fix="call it with arguments of the structure it was lowered "
-          "for (static arguments are not passed again), or call the donate.jit function itself"))
+          "pytree it was called with",
+          expected=str(self._prep.call.treedef),
+          got=str(call.treedef),
+          fix="call it with arguments of the structure it was lowered "
+          "for (static arguments are not passed again), or call the donate.jit function itself",
+        )
+      )
     self._check_duplicates(call)
     return self._prep.inner.outputs(self._jax(*call.leaves))
 

@@ -13,8 +13,8 @@ from donate._profile.api import profile_of_compiled as profile_of_compiled
 from donate._profile.api import profile_of_lowered as profile_of_lowered
 from donate._profile.api import profile_of_signature as profile_of_signature
 from donate._profile.api import signature_of as signature_of
-from donate._profile.baseline import of_signature as baseline_of
+from donate._profile.baseline import of_signature as baseline_of  # noqa: F401 (re-exported)
 from donate._profile.profile import MemoryProfile as MemoryProfile
 from donate._profile.shadow import not_lowered_reason as not_lowered_reason
-from donate._profile.shadow import strict_problems as peak_problems
+from donate._profile.shadow import strict_problems as peak_problems  # noqa: F401 (re-exported)
 from donate._profile.views import saving as saving

@@ -18,20 +18,32 @@ Nothing is compiled before `advice()` is called.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from donate._text import format_bytes
 
 # backend -> (change in words, option, value): XLA DebugOptions that move the peak.
 OPTIONS = {
-    "cpu": (("schedule for memory, not concurrency", "xla_cpu_scheduler_type",
-             "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"),),
-    "gpu": (("turn off the latency-hiding scheduler (it keeps more buffers live to overlap "
-             "communication)", "xla_gpu_enable_latency_hiding_scheduler", False),
-            ("turn on the latency-hiding scheduler", "xla_gpu_enable_latency_hiding_scheduler",
-             True),
-            ("rematerialize earlier: XLA's memory limit at 80% of the device, not 95%",
-             "xla_gpu_memory_limit_slop_factor", 80)),
+  "cpu": (
+    (
+      "schedule for memory, not concurrency",
+      "xla_cpu_scheduler_type",
+      "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+    ),
+  ),
+  "gpu": (
+    (
+      "turn off the latency-hiding scheduler (it keeps more buffers live to overlap communication)",
+      "xla_gpu_enable_latency_hiding_scheduler",
+      False,
+    ),
+    ("turn on the latency-hiding scheduler", "xla_gpu_enable_latency_hiding_scheduler", True),
+    (
+      "rematerialize earlier: XLA's memory limit at 80% of the device, not 95%",
+      "xla_gpu_memory_limit_slop_factor",
+      80,
+    ),
+  ),
 }
 
 
@@ -46,6 +58,7 @@ class Advice:
     saving_bytes: the profile's `peak_bytes` minus `peak_bytes` (for a stated change: the bytes
       at the peak it concerns).
   """
+
   change: str
   how: str
   peak_bytes: int | None
@@ -59,8 +72,10 @@ class Advice:
     if self.peak_bytes is None:
       return f"{self.change}: {format_bytes(self.saving_bytes)} at the peak (stated) - {self.how}"
     verb = "lowers" if self.saving_bytes > 0 else "does not lower"
-    return (f"{self.change}: {verb} the peak to {format_bytes(self.peak_bytes)} "
-            f"({format_bytes(self.saving_bytes)} saved), measured - {self.how}")
+    return (
+      f"{self.change}: {verb} the peak to {format_bytes(self.peak_bytes)} "
+      f"({format_bytes(self.saving_bytes)} saved), measured - {self.how}"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +83,7 @@ class Program:
   """How to compile the profiled program again: `compile(options)` with more compiler options,
   `donating(argnums)` (None where the trace is not at hand) with more inputs donated; each
   returns the peak, read as the profile's own."""
+
   compile: Callable[[dict], int]
   donating: Callable[[tuple[int, ...]], int] | None = None
 
@@ -77,10 +93,17 @@ def _checkpoint_lines(profile) -> list[Advice]:
   acts = sum(g.bytes for g in profile.by_category() if g.key == "activations")
   if not lines or acts * 4 < profile.peak_bytes:  # activations do not dominate the peak
     return []
-  return [Advice(f"recompute {r} in the backward pass instead of saving it",
-                 "jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable) around "
-                 f"the code at {r.source} (or a policy that saves only dots: "
-                 "dots_with_no_batch_dims_saveable)", None, r.bytes) for r in lines[:3]]
+  return [
+    Advice(
+      f"recompute {r} in the backward pass instead of saving it",
+      "jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable) around "
+      f"the code at {r.source} (or a policy that saves only dots: "
+      "dots_with_no_batch_dims_saveable)",
+      None,
+      r.bytes,
+    )
+    for r in lines[:3]
+  ]
 
 
 def _wanted(candidates, change: str, how: str) -> bool:
@@ -95,6 +118,7 @@ def advise(profile, candidates=None) -> tuple[Advice, ...]:
     DonationError: the profile has no program to compile again (a `jax.stages.Compiled` alone).
   """
   from donate._profile import errors
+
   program = profile.program
   if program is None:
     errors.no_program_for_advice()
@@ -104,8 +128,14 @@ def advise(profile, candidates=None) -> tuple[Advice, ...]:
     how = "donate_argnums=" + (str(argnums[0]) if len(argnums) == 1 else str(argnums))
     if _wanted(candidates, "donate", how):
       peak = program.donating(argnums)
-      found.append(Advice("donate " + ", ".join(s.path for s in profile.could_donate), how,
-                          peak, profile.peak_bytes - peak))
+      found.append(
+        Advice(
+          "donate " + ", ".join(s.path for s in profile.could_donate),
+          how,
+          peak,
+          profile.peak_bytes - peak,
+        )
+      )
   for change, option, value in OPTIONS.get(profile.platform, ()):
     how = f"compiler_options={{{option!r}: {value!r}}}"
     if _wanted(candidates, change, how):

@@ -25,22 +25,18 @@ import inspect
 import itertools
 import shutil
 import tempfile
+from typing import Any
 
 import jax
 from jax import tree_util
 
-from donate import _compat
-from donate import _hlo
-from donate import _hlo_dump
+from donate import _compat, _hlo, _hlo_dump
 from donate._profile import advice as _advice
 from donate._profile import baseline as _baseline
-from donate._profile import errors
-from donate._profile import liverange
-from donate._profile import naming
-from donate._profile import proto
-from donate._profile import reading
+from donate._profile import errors, liverange, naming, proto, reading
 from donate._profile.assemble import assemble
 from donate._profile.profile import MemoryProfile, Saving
+
 
 def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
   """Where the memory of a compiled step goes, per device, from XLA's own buffer assignment.
@@ -92,8 +88,11 @@ the function with its arguments)
   elif callable(getattr(jitted, "trace", None)):
     traced = jitted.trace(*args, **kwargs)
     lowered = traced.lower()
-    baseline = (_baseline.of_signature(traced._prep, traced._call) if hasattr(traced, "_prep")
-                else _baseline.of_traced(traced))
+    baseline = (
+      _baseline.of_signature(traced._prep, traced._call)
+      if hasattr(traced, "_prep")
+      else _baseline.of_traced(traced)
+    )
     if not hasattr(traced, "_prep") and isinstance(traced, jax.stages.Traced):
       profile = profile_of_lowered(lowered, signature=_signature(jitted), baseline=baseline)
       return dataclasses.replace(profile, program=_program(lowered, profile.platform, traced))
@@ -120,12 +119,17 @@ def _program(lowered, platform: str, traced=None, options=None) -> _advice.Progr
       starts.append(starts[-1] + len(tree_util.tree_leaves(a)))
     leaves = {k for n in argnums for k in range(starts[n], starts[n + 1])}
     return _peak(_compat.traced_with_donation(traced, leaves).lower(), {}, platform)
+
   return _advice.Program(compile_with, donating if traced is not None else None)
 
 
 def _is_donate_lowered(obj) -> bool:
-  return hasattr(obj, "_prep") and callable(getattr(obj, "compile", None)) and hasattr(
-      obj, "as_text") and not hasattr(obj, "memory_analysis")
+  return (
+    hasattr(obj, "_prep")
+    and callable(getattr(obj, "compile", None))
+    and hasattr(obj, "as_text")
+    and not hasattr(obj, "memory_analysis")
+  )
 
 
 def _signature(fn):
@@ -153,35 +157,48 @@ def dump_of_compiled(compiled) -> reading.Dump | None:
     return None
   executable = compiled.runtime_executable()
   hlo = executable.hlo_modules()[0].as_serialized_hlo_module_proto()
-  return liverange.dump_of(proto.buffer_assignment(data), proto.module(hlo),
-                           executable.client.platform)
+  return liverange.dump_of(
+    proto.buffer_assignment(data), proto.module(hlo), executable.client.platform
+  )
 
 
-def profile_of_compiled(compiled, signature=None, lowered=None, compiler_options=None,
-                        baseline=None):
+def profile_of_compiled(
+  compiled, signature=None, lowered=None, compiler_options=None, baseline=None
+):
   """The profile of `compiled` from the buffer assignment it carries; without one, `lowered`
   (its lowered program) compiled again with XLA's dump, else `errors.no_buffer_assignment`.
   `baseline` (`baseline.Baseline`) measures what the donations saved (`measured`)."""
-  missing = ("this one carries none: its memory_analysis().serialized_buffer_assignment_proto is "
-             "empty (jaxlib fills it for CPU programs, not for GPU programs compiled ahead of "
-             "time), and a jax.stages.Compiled keeps no lowered program to compile again with "
-             "XLA's dump")
+  missing = (
+    "this one carries none: its memory_analysis().serialized_buffer_assignment_proto is "
+    "empty (jaxlib fills it for CPU programs, not for GPU programs compiled ahead of "
+    "time), and a jax.stages.Compiled keeps no lowered program to compile again with "
+    "XLA's dump"
+  )
   try:
     dump = dump_of_compiled(compiled)
   except liverange.Unsupported as e:
-    dump, missing = None, (f"this one has no live ranges and asynchronous instructions ({e}), "
-                           "whose live ranges cannot be recomputed from the program alone")
+    dump, missing = (
+      None,
+      (
+        f"this one has no live ranges and asynchronous instructions ({e}), "
+        "whose live ranges cannot be recomputed from the program alone"
+      ),
+    )
   if dump is None and lowered is not None:
     profile = profile_of_lowered(lowered, compiler_options, signature, baseline)
   elif dump is None:
     errors.no_buffer_assignment(compiled, missing)
   else:
-    profile = measured(_named(compiled, dump, _hlo.parse_module(compiled.as_text()), signature),
-                       baseline, compiler_options)
+    profile = measured(
+      _named(compiled, dump, _hlo.parse_module(compiled.as_text()), signature),
+      baseline,
+      compiler_options,
+    )
   if lowered is None:
     return profile
-  return dataclasses.replace(profile, program=_program(lowered, profile.platform,
-                                                       options=compiler_options))
+  return dataclasses.replace(
+    profile, program=_program(lowered, profile.platform, options=compiler_options)
+  )
 
 
 def profile_of_lowered(lowered, compiler_options=None, signature=None, baseline=None):
@@ -199,23 +216,27 @@ def _named(compiled, dump, module, signature) -> MemoryProfile:
   prep = getattr(compiled, "_prep", None)
   if prep is None:
     return _profile(compiled, dump, module, signature)
-  return _profile(compiled, dump, module, signature, prep.fn.name,
-                  _donate_names(compiled.plan, prep))
+  return _profile(
+    compiled, dump, module, signature, prep.fn.name, _donate_names(compiled.plan, prep)
+  )
 
 
-def profile_of_signature(prep, lowered, plan, compiler_options=None, call=None,
-                         compiled=None) -> MemoryProfile:
+def profile_of_signature(
+  prep, lowered, plan, compiler_options=None, call=None, compiled=None
+) -> MemoryProfile:
   """The profile of one `donate.jit` signature (`prep`: the `_signature.Prepared`), its
   parameters and outputs named by `plan`, and what its donations saved (measured by compiling it
   again without them, for the leaves of `call`). `compiled` (its `jax.stages.Compiled`) is read
   as it is where it carries its buffer assignment; otherwise, and without it, its
   `jax.stages.Lowered` is compiled again with the dump."""
   compiled, dump, module = _assignment(compiled, lowered, compiler_options)
-  profile = _profile(compiled, dump, module, signature_of(prep.fn), prep.fn.name,
-                     _donate_names(plan, prep))
+  profile = _profile(
+    compiled, dump, module, signature_of(prep.fn), prep.fn.name, _donate_names(plan, prep)
+  )
   profile = measured(profile, _baseline.of_signature(prep, call), compiler_options)
-  return dataclasses.replace(profile, program=_program(lowered, profile.platform,
-                                                       options=compiler_options))
+  return dataclasses.replace(
+    profile, program=_program(lowered, profile.platform, options=compiler_options)
+  )
 
 
 def measured(profile: MemoryProfile, baseline, compiler_options=None) -> MemoryProfile:
@@ -238,8 +259,7 @@ def measured(profile: MemoryProfile, baseline, compiler_options=None) -> MemoryP
       lowered = baseline.lower()
       return (peak_bytes if lowered is None else _peak(lowered, options, platform)), ""
     except Exception as e:  # the profile stands without the comparison, saying why
-      return None, (f"compiling it again without its donations failed ({type(e).__name__}: "
-                    f"{e})")
+      return None, (f"compiling it again without its donations failed ({type(e).__name__}: {e})")
 
   return dataclasses.replace(profile, saving=Saving(measure))
 
@@ -251,7 +271,7 @@ def _peak(lowered, options: dict, platform: str) -> int:
   return _profile(*_assignment(compiled, lowered, options or None), None).peak_bytes
 
 
-def _assignment(compiled, lowered, compiler_options):
+def _assignment(compiled, lowered, compiler_options) -> tuple[Any, reading.Dump, _hlo.Module]:
   """`(compiled, dump, module)`: the buffer assignment `compiled` carries (CPU programs without
   asynchronous instructions), else `lowered` compiled again with XLA's dump of it."""
   dump = None
@@ -305,30 +325,47 @@ def _uncached(lowered, compiled, options: dict, folder: str):
   try:
     return compiled, reading.read_dump(folder, module.name), module
   except FileNotFoundError:
-    errors.no_buffer_assignment(compiled, "XLA wrote no buffer assignment for it, compiled "
-                                "again outside JAX's persistent compilation cache")
+    errors.no_buffer_assignment(
+      compiled,
+      "XLA wrote no buffer assignment for it, compiled "
+      "again outside JAX's persistent compilation cache",
+    )
 
 
 def _names_every_value(module, dump) -> bool:
   """Whether `module` (`as_text()`, which a compiled program alone also has) defines every value
   of the buffer assignment. XLA:GPU's dumped module also has the kernels of asynchronous fusions
   that `as_text()` leaves out; where nothing is missing, both sources read the same text."""
-  return all(module.find(naming.instruction_name(v[0])) is not None
-             for a in dump.allocations for v in a.values)
+  return all(
+    module.find(naming.instruction_name(v[0])) is not None
+    for a in dump.allocations
+    for v in a.values
+  )
 
 
 def _profile(compiled, dump, module, signature, name=None, names=None) -> MemoryProfile:
   """The profile of a compile and its dump (a `jax.jit` program's names unless `names`)."""
   names = _jax_names(compiled, module) if names is None else names
-  return assemble(dump, module, compiled.memory_analysis(), platform=dump.platform,
-                  function=name or module.name.removeprefix("jit_"), signature=signature,
-                  **names)
+  return assemble(
+    dump,
+    module,
+    compiled.memory_analysis(),
+    platform=dump.platform,
+    function=name or module.name.removeprefix("jit_"),
+    signature=signature,
+    **names,
+  )
 
 
 def _jax_names(compiled, module) -> dict:
   """Paths, donations and shardings of a `jax.jit` program, where they line up with its HLO."""
   params = [i for i in module.entry.instructions if i.parameter_number is not None]
-  out = {"out_paths": None, "donated": (), "in_shardings": None, "out_shardings": None}
+  out: dict[str, Any] = {
+    "out_paths": None,
+    "donated": (),
+    "in_shardings": None,
+    "out_shardings": None,
+  }
   try:
     flat, _ = tree_util.tree_flatten_with_path(compiled.out_info)
     out["out_paths"] = ["out" + tree_util.keystr(p) for p, _ in flat]
@@ -350,6 +387,7 @@ def _donate_names(plan, prep) -> dict:
   out_paths = [user[j] for j in order] if order is not None else user
   consumed = {i for i, d in enumerate(plan.decisions) if d.requested}
   in_paths = list(prep.in_paths or [])
-  donated = tuple(k for k, p in enumerate(in_paths)
-                  if any(plan.decisions[i].path == p for i in consumed))
+  donated = tuple(
+    k for k, p in enumerate(in_paths) if any(plan.decisions[i].path == p for i in consumed)
+  )
   return {"in_paths": in_paths or None, "out_paths": out_paths, "donated": donated}

@@ -12,19 +12,25 @@ import dataclasses
 import inspect
 
 from donate import _hlo
-from donate._profile import categories
-from donate._profile import naming
-from donate._profile import reading
-from donate._profile import shadow
-from donate._profile.model import Entry
-from donate._profile.model import Suggestion
-from donate._profile.model import Timeline
+from donate._profile import categories, naming, reading, shadow
+from donate._profile.model import Entry, Suggestion, Timeline
 from donate._profile.profile import MemoryProfile
 
 
-def assemble(dump: reading.Dump, module: _hlo.Module, stats, *, function: str = "?",
-             platform: str = "?", in_paths=None, out_paths=None, donated=(), signature=None,
-             in_shardings=None, out_shardings=None) -> MemoryProfile:
+def assemble(
+  dump: reading.Dump,
+  module: _hlo.Module,
+  stats,
+  *,
+  function: str = "?",
+  platform: str = "?",
+  in_paths=None,
+  out_paths=None,
+  donated=(),
+  signature=None,
+  in_shardings=None,
+  out_shardings=None,
+) -> MemoryProfile:
   """The profile of one compiled program (see `MemoryProfile`).
 
   Args:
@@ -49,29 +55,45 @@ def assemble(dump: reading.Dump, module: _hlo.Module, stats, *, function: str = 
     series[b.start] += b.nbytes
     series[b.end] -= b.nbytes
   temp, coll = _running(temp, steps), _running(coll, steps)
-  fixed = (sum(e.bytes for e in params if not e.aliased), sum(e.bytes for e in outs),
-           sum(e.bytes for e in params if e.aliased))
+  fixed = (
+    sum(e.bytes for e in params if not e.aliased),
+    sum(e.bytes for e in outs),
+    sum(e.bytes for e in params if e.aliased),
+  )
   constants = _constants(dump, module, steps)
-  timeline = Timeline(dump.sequence or ("(empty)",), *fixed, tuple(temp), tuple(coll),
-                      sum(e.bytes for e in constants))
+  timeline = Timeline(
+    dump.sequence or ("(empty)",), *fixed, tuple(temp), tuple(coll), sum(e.bytes for e in constants)
+  )
   peak = max(range(steps), key=lambda t: temp[t] + coll[t])
   paths = {e.index: e.path for e in params}
   at = [b for b in buffers if b.start <= peak < b.end]
   live = [_temp_entry(module, b, peak, b.color in collective, paths) for b in at]
   flow = categories.Flow(module)
   pairing = categories.pair(flow, params, outs, module)
-  params, outs, constants, live = _categorized(flow, module, pairing, params, outs, constants,
-                                               live)
+  params, outs, constants, live = _categorized(flow, module, pairing, params, outs, constants, live)
   at_peak = sorted(params + outs + constants + live, key=lambda e: -e.bytes)
-  advice = _could_donate(params, outs, set(donated), signature, in_shardings, out_shardings,
-                         pairing)
+  advice = _could_donate(
+    params, outs, set(donated), signature, in_shardings, out_shardings, pairing
+  )
   sums = reading.totals(dump)
   xla_peak = getattr(stats, "peak_memory_in_bytes", None) if stats is not None else None
   shadowed = shadow.shadows(dump, module, params, list(zip(live, at)), peak, timeline[peak].total)
-  return MemoryProfile(function, platform, sums["argument"], sums["output"], sums["alias"],
-                       sums["temp"], None if xla_peak is None else int(xla_peak), timeline,
-                       peak, tuple(at_peak), tuple(advice), shadowed, timeline.constants,
-                       layout=_layout(dump, buffers))
+  return MemoryProfile(
+    function,
+    platform,
+    sums["argument"],
+    sums["output"],
+    sums["alias"],
+    sums["temp"],
+    None if xla_peak is None else int(xla_peak),
+    timeline,
+    peak,
+    tuple(at_peak),
+    tuple(advice),
+    shadowed,
+    timeline.constants,
+    layout=_layout(dump, buffers),
+  )
 
 
 def _layout(dump, buffers) -> tuple:
@@ -81,8 +103,11 @@ def _layout(dump, buffers) -> tuple:
   for a in sorted(dump.allocations, key=lambda a: a.index):
     if reading.is_temp(a) and reading.on_device(a):
       base[a.index], at = at, at + a.size
-  return tuple((base[b.allocation] + b.low, base[b.allocation] + b.high, b.start, b.end,
-                b.values[0][0]) for b in buffers if b.allocation in base)
+  return tuple(
+    (base[b.allocation] + b.low, base[b.allocation] + b.high, b.start, b.end, b.values[0][0])
+    for b in buffers
+    if b.allocation in base
+  )
 
 
 def _categorized(flow, module, pairing, params, outs, constants, live):
@@ -94,9 +119,15 @@ def _categorized(flow, module, pairing, params, outs, constants, live):
   named = []
   for e in live:
     source, function = categories.layer_source(flow, e)
-    named.append(dataclasses.replace(
-        e, category=categories.temporary_category(flow, e, of_argument),
-        repeat=categories.repeat_of(flow, e), source=source or e.source, function=function))
+    named.append(
+      dataclasses.replace(
+        e,
+        category=categories.temporary_category(flow, e, of_argument),
+        repeat=categories.repeat_of(flow, e),
+        source=source or e.source,
+        function=function,
+      )
+    )
   return params, outs, constants, named
 
 
@@ -122,19 +153,45 @@ def _owners(dump, module, in_paths, out_paths):
     if k is not None:
       out_path = out_paths[k] if out_paths is not None and k < len(out_paths) else f"out[{k}]"
     if number is not None:
-      path = (in_paths[number] if in_paths is not None and number < len(in_paths)
-              else naming.entry_parameter_path(module, number))
+      path = (
+        in_paths[number]
+        if in_paths is not None and number < len(in_paths)
+        else naming.entry_parameter_path(module, number)
+      )
       instr = module.entry.parameter(number)
-      params.append(Entry(a.size, "argument", instr.name if instr else "?",
-                          str(instr.shape) if instr else "?", None, path, None,
-                          (0, len(dump.sequence)), reading.is_output(a), out_path, number))
+      params.append(
+        Entry(
+          a.size,
+          "argument",
+          instr.name if instr else "?",
+          str(instr.shape) if instr else "?",
+          None,
+          path,
+          None,
+          (0, len(dump.sequence)),
+          reading.is_output(a),
+          out_path,
+          number,
+        )
+      )
     elif reading.is_output(a):
       name = roots[k] if k is not None else (names[0] if names else "?")
       instr = module.find(name)
-      outs.append(Entry(a.size, "output", name, str(instr.shape) if instr else _root_shape(
-                            module, k),
-                        naming.source_of(module, instr), out_path or "(output table)",
-                        naming.scope_of(module, instr), (0, len(dump.sequence)), False, None, k))
+      outs.append(
+        Entry(
+          a.size,
+          "output",
+          name,
+          str(instr.shape) if instr else _root_shape(module, k),
+          naming.source_of(module, instr),
+          out_path or "(output table)",
+          naming.scope_of(module, instr),
+          (0, len(dump.sequence)),
+          False,
+          None,
+          k,
+        )
+      )
   return params, outs
 
 
@@ -146,9 +203,18 @@ def _constants(dump, module, steps: int) -> list[Entry]:
     if reading.is_constant(a) and a.values:
       value = a.values[0][0]
       instr = module.find(naming.instruction_name(value))
-      found.append(Entry(a.size, "constant", value, str(instr.shape) if instr else "?",
-                         naming.source_of(module, instr), None, naming.scope_of(module, instr),
-                         (0, steps)))
+      found.append(
+        Entry(
+          a.size,
+          "constant",
+          value,
+          str(instr.shape) if instr else "?",
+          naming.source_of(module, instr),
+          None,
+          naming.scope_of(module, instr),
+          (0, steps),
+        )
+      )
   return found
 
 
@@ -170,9 +236,16 @@ def _temp_entry(module, buffer: reading.Buffer, step: int, collective: bool, pat
     shape = shape.element(int(index)) if index.strip().isdigit() else shape
   source = naming.source_of(module, instr)
   path = paths.get(naming.argument_of(module, instr)) if source is None else None
-  return Entry(buffer.nbytes, naming.kind_of(module, instr, collective), value,
-               str(shape) if shape is not None else "?", source, path,
-               naming.scope_of(module, instr), (buffer.start, buffer.end))
+  return Entry(
+    buffer.nbytes,
+    naming.kind_of(module, instr, collective),
+    value,
+    str(shape) if shape is not None else "?",
+    source,
+    path,
+    naming.scope_of(module, instr),
+    (buffer.start, buffer.end),
+  )
 
 
 def _argument_of(path: str, signature) -> tuple[int | None, str]:
@@ -180,9 +253,11 @@ def _argument_of(path: str, signature) -> tuple[int | None, str]:
   name = path.split("[", 1)[0].split(".", 1)[0]
   if signature is None:
     return None, name
-  positional = [p.name for p in signature.parameters.values()
-                if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
-                              inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+  positional = [
+    p.name
+    for p in signature.parameters.values()
+    if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  ]
   return (positional.index(name) if name in positional else None), name
 
 
@@ -196,8 +271,9 @@ def _could_donate(params, outs, donated, signature, in_shardings, out_shardings,
     if p.aliased or p.index in donated or p.index not in pairing.outputs:
       continue
     o = by_index.get(pairing.outputs[p.index][0])
-    if o is not None and _same_sharding(p.index, o.index, in_shardings, out_shardings,
-                                        _ndim(p.shape)):
+    if o is not None and _same_sharding(
+      p.index, o.index, in_shardings, out_shardings, _ndim(p.shape)
+    ):
       argnum, argname = _argument_of(p.path, signature)
       found.append(Suggestion(p.path, o.path, p.bytes, argnum, argname))
   return found

@@ -14,22 +14,27 @@ missing (a `jax.stages.Compiled` or `Lowered` alone keeps no trace to lower agai
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 
 from donate import _compat
 
-COMPILED_ALONE = ("a jax.stages.Compiled keeps no traced program to compile again without its "
-                  "donations (profile the function with its arguments)")
-LOWERED_ALONE = ("a jax.stages.Lowered keeps no traced program to compile again without its "
-                 "donations (profile the function with its arguments)")
+COMPILED_ALONE = (
+  "a jax.stages.Compiled keeps no traced program to compile again without its "
+  "donations (profile the function with its arguments)"
+)
+LOWERED_ALONE = (
+  "a jax.stages.Lowered keeps no traced program to compile again without its "
+  "donations (profile the function with its arguments)"
+)
 NO_TRACE = "the function has no trace() to compile it again without its donations"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Baseline:
   """How to lower a profiled program again without its donations, or why it cannot be."""
+
   lower: Callable[[], object] | None = None
   why: str = ""
 
@@ -62,4 +67,5 @@ def of_signature(prep, call) -> Baseline:
       with prep.fn.gate:
         traced = prep.inner.jitted.trace(*call.leaves)
     return _lowered_without_donation(traced)
+
   return Baseline(lower)

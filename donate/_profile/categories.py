@@ -39,13 +39,24 @@ from donate import _hlo
 from donate._profile import naming
 from donate._profile.flow import Flow as Flow
 
-CATEGORIES = ("parameters", "optimizer state", "gradients", "activations", "state", "inputs",
-              "outputs", "collective", "temporaries", "constants")
+CATEGORIES = (
+  "parameters",
+  "optimizer state",
+  "gradients",
+  "activations",
+  "state",
+  "inputs",
+  "outputs",
+  "collective",
+  "temporaries",
+  "constants",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Pairing:
   """Entry parameter -> (output index, dataflow distance) of the output computed from it."""
+
   outputs: dict[int, tuple[int, int]]
 
 
@@ -73,11 +84,16 @@ def pair(flow: Flow, params, outs, module: _hlo.Module) -> Pairing:
     for number, distance in flow.computed_from(o.index).items():
       candidates.append((distance, o, number))
   by_number = {p.index: p for p in params if p.index is not None and p.index not in found}
-  ranked = sorted((c for c in candidates if c[2] in by_number
-                   and c[1].shape == by_number[c[2]].shape
-                   and c[1].bytes == by_number[c[2]].bytes),
-                  key=lambda c: (c[0], -_suffix(by_number[c[2]].path, c[1].path), c[1].index,
-                                 c[2]))
+  ranked = sorted(
+    (
+      c
+      for c in candidates
+      if c[2] in by_number
+      and c[1].shape == by_number[c[2]].shape
+      and c[1].bytes == by_number[c[2]].bytes
+    ),
+    key=lambda c: (c[0], -_suffix(by_number[c[2]].path, c[1].path), c[1].index, c[2]),
+  )
   for distance, o, number in ranked:
     if number in found or o.index in taken:
       continue
@@ -101,8 +117,7 @@ def argument_categories(flow: Flow, module: _hlo.Module, params, pairing: Pairin
     if paired is None:
       out[p.index] = "inputs"
     elif flow.depends_on_backward(paired[0]):
-      out[p.index] = ("parameters" if _reads_forward(flow, module, p.index)
-                      else "optimizer state")
+      out[p.index] = "parameters" if _reads_forward(flow, module, p.index) else "optimizer state"
     else:
       out[p.index] = "state"
   return out
@@ -116,8 +131,11 @@ def temporary_category(flow: Flow, entry, of_argument: dict) -> str:
   base, _, rest = entry.value.partition("{")
   index = tuple(int(k) for k in rest.rstrip("}").split(",") if k.strip().isdigit())
   instr, index = flow.origin(module.find(naming.instruction_name(base)), index)
-  if instr is not None and instr.parameter_number is not None and (
-      module.computations[instr.computation].is_entry):
+  if (
+    instr is not None
+    and instr.parameter_number is not None
+    and (module.computations[instr.computation].is_entry)
+  ):
     return of_argument.get(instr.parameter_number, "inputs")
   made = flow.phase_of(instr)
   readers = flow.reader_phases(instr, index) if instr is not None else set()
@@ -135,8 +153,9 @@ def repeat_of(flow: Flow, entry) -> int:
   loop's trip count (a `scan` over layers saves each layer's residual in one buffer)."""
   base, _, rest = entry.value.partition("{")
   index = tuple(int(k) for k in rest.rstrip("}").split(",") if k.strip().isdigit())
-  instr, index = flow.loop_element(*flow.origin(flow.module.find(naming.instruction_name(base)),
-                                                index))
+  instr, index = flow.loop_element(
+    *flow.origin(flow.module.find(naming.instruction_name(base)), index)
+  )
   if instr is None or instr.opcode != "while" or not index:
     return 1
   trips = instr.trip_count()
@@ -151,12 +170,16 @@ def layer_source(flow: Flow, entry) -> tuple[str | None, str | None]:
   module = flow.module
   base, _, rest = entry.value.partition("{")
   index = tuple(int(k) for k in rest.rstrip("}").split(",") if k.strip().isdigit())
-  instr, index = flow.loop_element(*flow.origin(module.find(naming.instruction_name(base)),
-                                                index))
+  instr, index = flow.loop_element(*flow.origin(module.find(naming.instruction_name(base)), index))
   if instr is not None and instr.opcode == "while" and index:
     body = flow._body(instr)
     root = body.root if body is not None else None
-    if root is not None and root.opcode == "tuple" and index[0] < len(root.operands):
+    if (
+      body is not None
+      and root is not None
+      and root.opcode == "tuple"
+      and index[0] < len(root.operands)
+    ):
       written = body.get(root.operands[index[0]])
       update = _written_update(module, written)
       where = _located(module, update)
@@ -175,7 +198,12 @@ def _written_update(module: _hlo.Module, instr):
     for name in instr.calls:
       comp = module.computations.get(name)
       root = comp.root if comp is not None else None
-      if root is not None and root.opcode == "dynamic-update-slice" and len(root.operands) > 1:
+      if (
+        comp is not None
+        and root is not None
+        and root.opcode == "dynamic-update-slice"
+        and len(root.operands) > 1
+      ):
         inner = comp.get(root.operands[1])
         while inner is not None and inner.opcode in ("bitcast", "reshape", "parameter"):
           if inner.opcode == "parameter":

@@ -37,12 +37,21 @@ from donate import _hlo
 from donate._profile import naming
 
 DEPTH = 6  # computing instructions followed from an output back to its inputs
-_MOVES = ("bitcast", "copy", "reshape", "get-tuple-element", "tuple", "optimization-barrier",
-          "copy-start", "copy-done", "domain")
+_MOVES = (
+  "bitcast",
+  "copy",
+  "reshape",
+  "get-tuple-element",
+  "tuple",
+  "optimization-barrier",
+  "copy-start",
+  "copy-done",
+  "domain",
+)
 
 
 def phase(scope: str | None) -> str:
-  """"backward" (`transpose(...)` in the name stack), "forward" (`jvp(...)`) or "other"."""
+  """ "backward" (`transpose(...)` in the name stack), "forward" (`jvp(...)`) or "other"."""
   if not scope:
     return "other"
   if "transpose(" in scope:
@@ -127,14 +136,18 @@ class Flow:
     """Whether `loop`'s body returns element `k` of its carry unchanged."""
     body = self._body(loop)
     root = body.root if body is not None else None
-    if root is None or root.opcode != "tuple" or k >= len(root.operands):
+    if body is None or root is None or root.opcode != "tuple" or k >= len(root.operands):
       return False
     element = body.get(root.operands[k])
     while element is not None and element.opcode in ("bitcast", "copy"):
       element = body.get(element.operands[0])
-    return (element is not None and element.opcode == "get-tuple-element"
-            and element.index == k and body.get(element.operands[0]) is not None
-            and body.get(element.operands[0]).opcode == "parameter")
+    return (
+      element is not None
+      and element.opcode == "get-tuple-element"
+      and element.index == k
+      and (carry := body.get(element.operands[0])) is not None
+      and carry.opcode == "parameter"
+    )
 
   def reader_phases(self, instr: _hlo.Instruction, index: tuple = ()) -> set[str]:
     """The phases of the computing instructions that read the value (through the instructions
@@ -153,11 +166,16 @@ class Flow:
         if user.opcode == "get-tuple-element":
           if not index or index[0] == user.index:
             todo.append((user, index[1:], depth + 1))
-        elif user.opcode == "tuple" and user.is_root and not self.module.computations[
-            user.computation].is_entry:  # a loop's next carry, a call's result: its readers
-          todo += [(caller, (k,) + index, depth + 1) for caller, _ in
-                   self.module.callers.get(user.computation, [])
-                   if caller.opcode in ("while", "call")]
+        elif (
+          user.opcode == "tuple"
+          and user.is_root
+          and not self.module.computations[user.computation].is_entry
+        ):  # a loop's next carry, a call's result: its readers
+          todo += [
+            (caller, (k,) + index, depth + 1)
+            for caller, _ in self.module.callers.get(user.computation, [])
+            if caller.opcode in ("while", "call")
+          ]
         elif user.opcode == "tuple":
           todo.append((user, (k,) + index, depth + 1))
         elif user.opcode in _MOVES:
@@ -227,6 +245,5 @@ class Flow:
       seen.add(instr.name)
       if self.phase_of(instr) == "backward" and instr.opcode not in _MOVES:
         return True
-      todo += [(m.find(_hlo.tuple_element(n)[0], instr.computation), d + 1)
-               for n in instr.operands]
+      todo += [(m.find(_hlo.tuple_element(n)[0], instr.computation), d + 1) for n in instr.operands]
     return False

@@ -33,8 +33,7 @@ XLA:GPU's; the CPU programs tested have none) by further rules: a module with th
 from __future__ import annotations
 
 from donate import _hlo_dump
-from donate._profile import proto
-from donate._profile import reading
+from donate._profile import proto, reading
 
 _FORWARD = ("bitcast", "domain", "add-dependency", "optimization-barrier", "while")
 _CALLERS = ("while", "call", "conditional")
@@ -116,7 +115,8 @@ class _Dataflow:
       if len(callers) == 1 and callers[0].opcode in _CALLERS:
         caller = callers[0]
         k = {"while": 0, "call": instr.parameter_number}.get(
-            caller.opcode, caller.calls.index(instr.computation) + 1)
+          caller.opcode, caller.calls.index(instr.computation) + 1
+        )
         return self.by[caller.operands[k]], index
     return None
 
@@ -148,20 +148,23 @@ def _ranges(flow: _Dataflow, values) -> dict[int, list[int]]:
   ranges, end_of_program = {}, len(flow.sequence)
   entry = flow.module.entry
   for vid, (_, iid, index, _) in values.items():
-    instr = flow.by.get(iid)
-    if instr is None or iid not in flow.time:
+    at = flow.by.get(iid)
+    if at is None or iid not in flow.time:
       continue
-    start, stop = flow.span[instr.computation]
-    first = start if instr.opcode == "parameter" else flow.time[iid]
-    last = stop if flow.is_root(instr) else flow.time[iid]
+    start, stop = flow.span[at.computation]
+    first = start if at.opcode == "parameter" else flow.time[iid]
+    last = stop if flow.is_root(at) else flow.time[iid]
     held = [p for p in positions.get(vid, ()) if (p[0].id, p[1]) != (iid, index)]
     for p, _ in held:
       if flow.is_root(p):
         last = max(last, flow.span.get(p.computation, (0, last))[1])
       else:
         last = max(last, flow.time.get(p.id, last))
-    if (instr.opcode == "parameter" and instr.computation == entry
-        and (instr.parameter_number, index) not in flow.module.aliased):
+    if (
+      at.opcode == "parameter"
+      and at.computation == entry
+      and (at.parameter_number, index) not in flow.module.aliased
+    ):
       last = end_of_program  # a read-only argument: the whole program
     else:
       last = max(last, _last_use(flow, positions.get(vid, ())))
@@ -222,8 +225,12 @@ def _kind(a: proto.Allocation) -> str:
   return ", ".join(parts)
 
 
-def dump_of(assignment: proto.BufferAssignment, module: proto.Module, platform: str = "?",
-            hlo_text: str | None = None) -> reading.Dump:
+def dump_of(
+  assignment: proto.BufferAssignment,
+  module: proto.Module,
+  platform: str = "?",
+  hlo_text: str | None = None,
+) -> reading.Dump:
   """The `reading.Dump` XLA would have written for this compile (see the module docstring).
 
   Raises:
@@ -241,9 +248,19 @@ def dump_of(assignment: proto.BufferAssignment, module: proto.Module, platform: 
     return text + ("{" + ",".join(map(str, index)) + "}" if braces or tuple_shape else "")
 
   allocations = tuple(
-      _hlo_dump.Allocation(a.index, a.size, a.color, _kind(a),
-                           tuple((name(v, False), size, offset)
-                                 for v, offset, size in sorted(a.assigned)))
-      for a in assignment.allocations)
-  return reading.Dump(allocations, {name(v, True): tuple(r) for v, r in ranges.items()},
-                      tuple(flow.by[i].name for i in flow.sequence), platform, hlo_text)
+    _hlo_dump.Allocation(
+      a.index,
+      a.size,
+      a.color,
+      _kind(a),
+      tuple((name(v, False), size, offset) for v, offset, size in sorted(a.assigned)),
+    )
+    for a in assignment.allocations
+  )
+  return reading.Dump(
+    allocations,
+    {name(v, True): (r[0], r[1]) for v, r in ranges.items()},
+    tuple(flow.by[i].name for i in flow.sequence),
+    platform,
+    hlo_text,
+  )

@@ -41,6 +41,7 @@ class Entry:
     repeat: how many layers' values the buffer holds (a `scan` over layers stacks each layer's
       residual into one buffer: its trip count), else 1.
   """
+
   bytes: int
   kind: str
   value: str
@@ -71,6 +72,7 @@ class Entry:
 class Step:
   """Bytes live at one step of the schedule, by kind (aliased: arguments an output reuses;
   constants: the program's literals, live for the whole program)."""
+
   index: int
   instruction: str
   arguments: int
@@ -82,13 +84,20 @@ class Step:
 
   @property
   def total(self) -> int:
-    return (self.arguments + self.outputs + self.aliased + self.constants + self.temporaries
-            + self.collective)
+    return (
+      self.arguments
+      + self.outputs
+      + self.aliased
+      + self.constants
+      + self.temporaries
+      + self.collective
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Timeline(Sequence):
   """The program's schedule, one `Step` per instruction (built on access: programs are long)."""
+
   instructions: tuple[str, ...]
   arguments: int
   outputs: int
@@ -105,8 +114,16 @@ class Timeline(Sequence):
       return [self[k] for k in range(*t.indices(len(self)))]
     t = range(len(self))[t]
     name = self.instructions[t] if t < len(self.instructions) else "?"
-    return Step(t, name, self.arguments, self.outputs, self.aliased, self.temporaries[t],
-                self.collective[t], self.constants)
+    return Step(
+      t,
+      name,
+      self.arguments,
+      self.outputs,
+      self.aliased,
+      self.temporaries[t],
+      self.collective[t],
+      self.constants,
+    )
 
   def totals(self) -> list[int]:
     """The total bytes at every step."""
@@ -117,6 +134,7 @@ class Timeline(Sequence):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Group:
   """Bytes at the peak that share a key (a source line, a scope), largest first."""
+
   key: str
   bytes: int
   count: int
@@ -134,6 +152,7 @@ class Line:
   >>> str(Line("model.py:3", "layer", 32 << 20, 4, "activations"))
   '4 x 8.0 MiB, layer() at model.py:3 (activations)'
   """
+
   source: str
   function: str | None
   bytes: int
@@ -142,6 +161,7 @@ class Line:
 
   def __str__(self) -> str:
     import os
+
     where = os.path.basename(self.source) if ":" in self.source else self.source
     at = f"{self.function.rsplit('.', 1)[-1]}() at {where}" if self.function else where
     each = format_bytes(self.bytes // max(self.count, 1))
@@ -155,9 +175,16 @@ def lines(entries) -> tuple[Line, ...]:
   for e in entries:
     if e.source is not None:
       found.setdefault((e.source, e.category), []).append(e)
-  rows = [Line(source, next((e.function for e in es if e.function), None),
-               sum(e.bytes for e in es), sum(e.repeat for e in es), category)
-          for (source, category), es in found.items()]
+  rows = [
+    Line(
+      source,
+      next((e.function for e in es if e.function), None),
+      sum(e.bytes for e in es),
+      sum(e.repeat for e in es),
+      category,
+    )
+    for (source, category), es in found.items()
+  ]
   return tuple(sorted(rows, key=lambda r: (-r.bytes, r.source, r.category)))
 
 
@@ -165,6 +192,7 @@ def lines(entries) -> tuple[Line, ...]:
 class Suggestion:
   """An input not donated whose buffer an output of the same shape, dtype and sharding could
   reuse: donating it lowers the peak by `bytes` (unless XLA then needs a copy)."""
+
   path: str
   output: str
   bytes: int
@@ -179,8 +207,10 @@ class Suggestion:
     return f"donate_argnames={self.argname!r}"
 
   def __str__(self) -> str:
-    return (f"donate {self.path} ({self.keyword}): {self.output} can reuse it, "
-            f"-{format_bytes(self.bytes)} at the peak")
+    return (
+      f"donate {self.path} ({self.keyword}): {self.output} can reuse it, "
+      f"-{format_bytes(self.bytes)} at the peak"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -190,6 +220,7 @@ class Fit:
   `needed` is what the program holds on the device while it runs (arguments + outputs - aliased +
   temporaries + constants); `headroom` is what is left (negative: missing).
   """
+
   device: str
   capacity: int
   needed: int
@@ -203,8 +234,10 @@ class Fit:
 
   def __str__(self) -> str:
     verdict = "fits" if self else "does not fit"
-    return (f"{verdict} on {self.device} ({format_bytes(self.capacity)}): needs "
-            f"{format_bytes(self.needed)}, headroom {format_bytes(self.headroom)}")
+    return (
+      f"{verdict} on {self.device} ({format_bytes(self.capacity)}): needs "
+      f"{format_bytes(self.needed)}, headroom {format_bytes(self.headroom)}"
+    )
 
 
 def capacity_of(device) -> tuple[str, int]:
@@ -224,6 +257,7 @@ def capacity_of(device) -> tuple[str, int]:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Change:
   """One key's bytes at the peak in two profiles."""
+
   key: str
   before: int
   after: int
@@ -236,12 +270,13 @@ class Change:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Comparison:
   """Two profiles' peaks lined up by source line (or path) and by scope: what grew."""
+
   before_peak: int
   after_peak: int
   by_source: tuple[Change, ...]
   by_scope: tuple[Change, ...]
   before_saved: int | None = None  # what each one's donations saved at its peak (None: not
-  after_saved: int | None = None   # measured; `MemoryProfile.donation_saved_bytes`)
+  after_saved: int | None = None  # measured; `MemoryProfile.donation_saved_bytes`)
 
   @property
   def delta(self) -> int:
@@ -252,23 +287,29 @@ class Comparison:
     return [c for c in self.by_source if c.delta > 0]
 
   def __str__(self) -> str:
-    lines = [f"peak {format_bytes(self.before_peak)} -> {format_bytes(self.after_peak)} "
-             f"({'+' if self.delta >= 0 else ''}{format_bytes(self.delta)})"]
+    lines = [
+      f"peak {format_bytes(self.before_peak)} -> {format_bytes(self.after_peak)} "
+      f"({'+' if self.delta >= 0 else ''}{format_bytes(self.delta)})"
+    ]
     if (self.before_saved, self.after_saved) != (None, None):
-      saved = [format_bytes(b) if b is not None else "not measured"
-               for b in (self.before_saved, self.after_saved)]
+      saved = [
+        format_bytes(b) if b is not None else "not measured"
+        for b in (self.before_saved, self.after_saved)
+      ]
       lines.append(f"  donation saved at the peak: {saved[0]} -> {saved[1]}")
     for title, rows in (("by source line", self.by_source), ("by scope", self.by_scope)):
       changed = [c for c in rows if c.delta][:10]
       if changed:
         lines.append(f"  {title}:")
-        lines += [f"    {'+' if c.delta > 0 else ''}{format_bytes(c.delta):>10}  "
-                  f"{_clip(c.key, 80)}" for c in changed]
+        lines += [
+          f"    {'+' if c.delta > 0 else ''}{format_bytes(c.delta):>10}  {_clip(c.key, 80)}"
+          for c in changed
+        ]
     return "\n".join(lines)
 
 
 def _clip(text: str, width: int) -> str:
-  return text if len(text) <= width else "…" + text[-(width - 1):]
+  return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 def group(entries, key) -> tuple[Group, ...]:
@@ -276,8 +317,10 @@ def group(entries, key) -> tuple[Group, ...]:
   found: dict[str, list] = {}
   for e in entries:
     found.setdefault(key(e), []).append(e)
-  groups = [Group(k, sum(e.bytes for e in es), len(es), tuple(sorted({e.kind for e in es})))
-            for k, es in found.items()]
+  groups = [
+    Group(k, sum(e.bytes for e in es), len(es), tuple(sorted({e.kind for e in es})))
+    for k, es in found.items()
+  ]
   return tuple(sorted(groups, key=lambda g: (-g.bytes, g.key)))
 
 

@@ -12,9 +12,9 @@ its operand, a loop body's parameter for the loop that calls it, a fusion withou
 ...
 ... ENTRY %main (a: f32[4]) -> f32[4] {
 ...   %a = f32[4]{0} parameter(0), metadata={op_name="x"}
-...   %e = f32[4]{0} exponential(%a), metadata={op_name="jit(f)/layer/exp" source_file="f.py" source_line=3}
+...   %e = f32[4]{0} exponential(%a), metadata={META}
 ...   ROOT %c = f32[4]{0} copy(%e)
-... }''')
+... }'''.replace("META", 'op_name="jit(f)/layer/exp" source_file="f.py" source_line=3'))
 >>> c = m.entry.get("c")
 >>> source_of(m, c), scope_of(m, c), kind_of(m, c, False)
 ('f.py:3', 'jit(f)/layer/exp', 'copy')
@@ -26,8 +26,18 @@ from __future__ import annotations
 
 from donate import _hlo
 
-_FORWARDING = ("copy", "bitcast", "get-tuple-element", "tuple", "reshape", "transpose",
-               "copy-start", "copy-done", "dynamic-update-slice", "parameter")
+_FORWARDING = (
+  "copy",
+  "bitcast",
+  "get-tuple-element",
+  "tuple",
+  "reshape",
+  "transpose",
+  "copy-start",
+  "copy-done",
+  "dynamic-update-slice",
+  "parameter",
+)
 _DEPTH = 8
 
 
@@ -46,8 +56,9 @@ def _speaker(module: _hlo.Module, instr: _hlo.Instruction | None, want) -> _hlo.
     if instr.opcode == "parameter" and not module.computations[instr.computation].is_entry:
       callers = module.callers.get(instr.computation, [])
       instr = callers[0][0] if callers else None
-    elif instr.operands and (instr.opcode in _FORWARDING or (
-        instr.opcode == "fusion" and not instr.metadata_op)):  # XLA's fusion without metadata
+    elif instr.operands and (
+      instr.opcode in _FORWARDING or (instr.opcode == "fusion" and not instr.metadata_op)
+    ):  # XLA's fusion without metadata
       instr = module.find(instr.operands[0], instr.computation)
     else:
       return None
@@ -83,15 +94,22 @@ def source_of(module: _hlo.Module, instr: _hlo.Instruction | None) -> str | None
 
 def argument_of(module: _hlo.Module, instr: _hlo.Instruction | None) -> int | None:
   """The entry parameter a value copies or carries (following copies and loop carries)."""
-  found = _speaker(module, instr, lambda i: i.opcode == "parameter" and module.computations[
-      i.computation].is_entry)
+  found = _speaker(
+    module, instr, lambda i: i.opcode == "parameter" and module.computations[i.computation].is_entry
+  )
   return found.parameter_number if found is not None else None
 
 
 def scope_of(module: _hlo.Module, instr: _hlo.Instruction | None) -> str | None:
   """The JAX name stack of `instr` (its `op_name`; the first of a fusion's), or None."""
-  found = _speaker(module, instr, lambda i: bool(i.metadata_op) and (
-      i.opcode != "parameter" or not module.computations[i.computation].is_entry))
+  found = _speaker(
+    module,
+    instr,
+    lambda i: (
+      bool(i.metadata_op)
+      and (i.opcode != "parameter" or not module.computations[i.computation].is_entry)
+    ),
+  )
   return _unescape(found.metadata_op.split(";")[0]) if found is not None else None
 
 
@@ -108,21 +126,28 @@ def group_scope(scope: str | None) -> str | None:
 
 
 def _in_loop(module: _hlo.Module, instr: _hlo.Instruction) -> bool:
-  return any(caller.opcode in ("while", "call") for caller, _ in
-             module.callers.get(instr.computation, []))
+  return any(
+    caller.opcode in ("while", "call") for caller, _ in module.callers.get(instr.computation, [])
+  )
 
 
 def kind_of(module: _hlo.Module, instr: _hlo.Instruction | None, collective: bool) -> str:
-  """"collective", "copy", "loop carry" or "temporary" for a value of a temp allocation."""
-  if collective or (instr is not None and (instr.collective_kind or (
-      instr.opcode.endswith("-done") and instr.opcode[:-5] in _hlo.COLLECTIVE_KINDS))):
+  """ "collective", "copy", "loop carry" or "temporary" for a value of a temp allocation."""
+  if collective or (
+    instr is not None
+    and (
+      instr.collective_kind
+      or (instr.opcode.endswith("-done") and instr.opcode[:-5] in _hlo.COLLECTIVE_KINDS)
+    )
+  ):
     return "collective"
   if instr is None:
     return "temporary"
   if instr.opcode in ("copy", "copy-start", "copy-done"):
     return "copy"
-  if instr.opcode == "while" or (instr.opcode in ("parameter", "get-tuple-element", "tuple")
-                                 and _in_loop(module, instr)):
+  if instr.opcode == "while" or (
+    instr.opcode in ("parameter", "get-tuple-element", "tuple") and _in_loop(module, instr)
+  ):
     return "loop carry"
   return "temporary"
 
@@ -168,7 +193,8 @@ def value_names(module: _hlo.Module, name: str) -> set[str]:
   """The names XLA's buffer assignment may give the value of instruction `name`: its own, and
   through tuple elements (a `get-tuple-element`, or an operand XLA 0.12's dump spells `while.2#0`),
   bitcasts and copies the value it forwards (`while.2{0}`)."""
-  found, todo = set(), [(name, 0)]
+  found: set = set()
+  todo = [(name, 0)]
   while todo:
     name, depth = todo.pop()
     found.update((name, name + "{}"))

@@ -39,6 +39,7 @@ def message(data: bytes) -> dict[int, list]:
     ValueError: a wire type this reader does not know (a group), i.e. not such a message.
   """
   out: dict[int, list] = {}
+  value: int | bytes | None
   i, view = 0, memoryview(data)
   while i < len(data):
     key, i = _varint(data, i)
@@ -47,7 +48,7 @@ def message(data: bytes) -> dict[int, list]:
       value, i = _varint(data, i)
     elif kind == 2:
       n, i = _varint(data, i)
-      value, i = bytes(view[i:i + n]), i + n
+      value, i = bytes(view[i : i + n]), i + n
     elif kind in (1, 5):  # fixed64, fixed32: no field read here has them
       value, i = None, i + (8 if kind == 1 else 4)
     else:
@@ -85,6 +86,7 @@ def _text(fields: dict, number: int) -> str:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Allocation:
   """A `BufferAllocationProto`: its values are (logical buffer id, offset, size)."""
+
   index: int
   size: int
   color: int
@@ -97,8 +99,7 @@ class Allocation:
   @property
   def temp(self) -> bool:
     """XLA's `IsPreallocatedTempBuffer`: none of parameter, live out, thread-local, constant."""
-    return not (self.parameter is not None or self.live_out or self.thread_local
-                or self.constant)
+    return not (self.parameter is not None or self.live_out or self.thread_local or self.constant)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -111,6 +112,7 @@ class BufferAssignment:
       it (XLA's alias analysis: a loop's carry, an in-place update).
     allocations: the allocations, with the values XLA put in each.
   """
+
   values: dict[int, tuple[int, int, tuple[int, ...], int]]
   aliases: tuple[tuple[int, int, tuple[int, ...]], ...]
   allocations: tuple[Allocation, ...]
@@ -133,17 +135,29 @@ def buffer_assignment(data: bytes) -> BufferAssignment:
   for raw in top.get(3, ()):  # buffer_allocations
     a = message(raw)  # index 1, size 2, is_thread_local 3, is_entry_computation_parameter 5,
     # parameter_number 6, maybe_live_out 7, color 8, assigned 9, is_constant 12
-    assigned = tuple((_int(x, 1), _int(x, 2), _int(x, 3))  # logical_buffer_id, offset, size
-                     for x in map(message, a.get(9, ())))
-    allocations.append(Allocation(_int(a, 1), _int(a, 2), _int(a, 8),
-                                  _int(a, 6) if _int(a, 5) else None, bool(_int(a, 7)),
-                                  bool(_int(a, 3)), bool(_int(a, 12)), assigned))
+    assigned = tuple(
+      (_int(x, 1), _int(x, 2), _int(x, 3))  # logical_buffer_id, offset, size
+      for x in map(message, a.get(9, ()))
+    )
+    allocations.append(
+      Allocation(
+        _int(a, 1),
+        _int(a, 2),
+        _int(a, 8),
+        _int(a, 6) if _int(a, 5) else None,
+        bool(_int(a, 7)),
+        bool(_int(a, 3)),
+        bool(_int(a, 12)),
+        assigned,
+      )
+    )
   return BufferAssignment(values, tuple(aliases), tuple(allocations))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Instruction:
   """An `HloInstructionProto`: `shape` is None for an array, else its tuple's element shapes."""
+
   id: int
   name: str
   opcode: str
@@ -158,6 +172,7 @@ class Instruction:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Module:
   """An `HloModuleProto`: instructions by id, each computation's root and schedule."""
+
   name: str
   entry: int
   instructions: dict[int, Instruction]
@@ -182,11 +197,21 @@ def module(data: bytes) -> Module:
     for i in map(message, c.get(2, ())):  # HloInstructionProto: name 1, opcode 2, shape 3,
       # parameter_number 9, tuple_index 13, id 35, operand_ids 36, called_computation_ids 38
       instructions[_int(i, 35)] = Instruction(
-          _int(i, 35), _text(i, 1), _text(i, 2), _shape(i.get(3, [b""])[-1]), _int(i, 9),
-          _int(i, 13), tuple(integers(i, 36)), tuple(integers(i, 38)), _int(c, 5))
+        _int(i, 35),
+        _text(i, 1),
+        _text(i, 2),
+        _shape(i.get(3, [b""])[-1]),
+        _int(i, 9),
+        _int(i, 13),
+        tuple(integers(i, 36)),
+        tuple(integers(i, 38)),
+        _int(c, 5),
+      )
   schedule = {}
   for entry in map(message, _sub(top, 7).get(1, ())):  # sequences: key 1, value 2
     schedule[_int(entry, 1)] = tuple(integers(_sub(entry, 2), 1))  # instruction_ids 1
-  aliased = frozenset((_int(e, 2), tuple(integers(e, 3)))  # parameter_number 2,
-                      for e in map(message, _sub(top, 8).get(1, ())))  # parameter_shape_index 3
+  aliased = frozenset(
+    (_int(e, 2), tuple(integers(e, 3)))  # parameter_number 2,
+    for e in map(message, _sub(top, 8).get(1, ()))
+  )  # parameter_shape_index 3
   return Module(_text(top, 1), _int(top, 6), instructions, roots, schedule, aliased)

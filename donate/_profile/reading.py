@@ -30,8 +30,7 @@ import glob
 import os
 import re
 
-from donate import _hlo
-from donate import _hlo_dump
+from donate import _hlo, _hlo_dump
 
 _PARAMETER = re.compile(r"(?:^|, )parameter (\d+)")
 _SEQUENCE = re.compile(r"\s+(\d+):(\S+)\s*$")
@@ -40,6 +39,7 @@ _SEQUENCE = re.compile(r"\s+(\d+):(\S+)\s*$")
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dump:
   """The dump files of one compiled module: allocations, live ranges, the schedule."""
+
   allocations: tuple[_hlo_dump.Allocation, ...]
   ranges: dict[str, tuple[int, int]]  # value name with index ("x{}") -> first, last step
   sequence: tuple[str, ...]  # the instruction at each schedule step
@@ -57,6 +57,7 @@ class Buffer:
     start, end: the schedule steps `[start, end)` it is live.
     values: its values, as (name, size, first step, end step), in the order of their start.
   """
+
   allocation: int
   color: int
   low: int
@@ -85,8 +86,9 @@ def parse_sequence(text: str) -> tuple[str, ...]:
   ...   BufferLiveRange:''')
   ('x.1', 'exp')
   """
-  return tuple(m.group(2) for m in _hlo_dump.section_matches(text, "InstructionSequence:",
-                                                              _SEQUENCE))
+  return tuple(
+    m.group(2) for m in _hlo_dump.section_matches(text, "InstructionSequence:", _SEQUENCE)
+  )
 
 
 def dump_files(folder: str, module_name: str | None = None) -> tuple[str, str]:
@@ -101,7 +103,7 @@ def dump_files(folder: str, module_name: str | None = None) -> tuple[str, str]:
   if not found:
     raise FileNotFoundError(f"no *after_optimizations-buffer-assignment.txt in {folder}")
   assignment = found[-1]
-  return assignment, assignment[:-len("buffer-assignment.txt")] + "live-range.txt"
+  return assignment, assignment[: -len("buffer-assignment.txt")] + "live-range.txt"
 
 
 def read_dump(folder: str, module_name: str | None = None) -> Dump:
@@ -117,13 +119,14 @@ def read_files(assignment: str, ranges_file: str) -> Dump:
     text = fh.read()
   name = os.path.basename(assignment)
   platform = next((p for p in ("gpu", "cpu", "tpu") if f"{p}_after_optimizations" in name), "?")
-  module = assignment[:-len("-buffer-assignment.txt")] + ".txt"
+  module = assignment[: -len("-buffer-assignment.txt")] + ".txt"
   hlo_text = None
   if os.path.exists(module):  # on GPU it has kernels' inner fusions `as_text()` leaves out
     with open(module) as fh:
       hlo_text = fh.read()
-  return Dump(allocations, _hlo_dump.parse_live_ranges(text), parse_sequence(text), platform,
-              hlo_text)
+  return Dump(
+    allocations, _hlo_dump.parse_live_ranges(text), parse_sequence(text), platform, hlo_text
+  )
 
 
 def parameter_number(allocation: _hlo_dump.Allocation) -> int | None:
@@ -183,8 +186,17 @@ def temp_buffers(dump: Dump) -> list[Buffer]:
       if live is not None and size:
         rows.append([offset, offset + size, live[0], live[1], [(name, size, *live)]])
     for low, high, start, end, members in merge_overlapping(rows):
-      buffers.append(Buffer(a.index, a.color, low, high, start, end,
-                            tuple(sorted(members, key=lambda v: (v[2], v[0])))))
+      buffers.append(
+        Buffer(
+          a.index,
+          a.color,
+          low,
+          high,
+          start,
+          end,
+          tuple(sorted(members, key=lambda v: (v[2], v[0]))),
+        )
+      )
   return buffers
 
 
@@ -198,7 +210,7 @@ def merge_overlapping(rows: list[list]) -> list[list]:
   while True:
     parent = list(range(len(rows)))
 
-    def root(i):
+    def root(i, parent=parent):
       while parent[i] != i:
         parent[i] = parent[parent[i]]
         i = parent[i]

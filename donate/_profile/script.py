@@ -26,8 +26,10 @@ _SUFFIX = "after_optimizations-buffer-assignment.txt"
 
 
 def usage() -> str:
-  return ("usage: python -m donate.profile [--out DIR] script.py [args...]\n"
-          "       python -m donate.profile [--out DIR] -m package.module [args...]")
+  return (
+    "usage: python -m donate.profile [--out DIR] script.py [args...]\n"
+    "       python -m donate.profile [--out DIR] -m package.module [args...]"
+  )
 
 
 def parse(argv: list[str]) -> tuple[str | None, str | None, str | None, list[str]]:
@@ -47,7 +49,7 @@ def parse(argv: list[str]) -> tuple[str | None, str | None, str | None, list[str
   if k >= len(argv):
     return None, None, None, []
   if argv[k] == "-m" and k + 1 < len(argv):
-    return out, None, argv[k + 1], argv[k + 1:]
+    return out, None, argv[k + 1], argv[k + 1 :]
   return out, argv[k], None, argv[k:]
 
 
@@ -65,7 +67,7 @@ def run(script: str | None, module: str | None, argv: list[str]) -> int:
   try:
     if module is not None:
       runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
+    elif script is not None:
       sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
       runpy.run_path(script, run_name="__main__")
   except SystemExit as e:
@@ -76,8 +78,10 @@ def run(script: str | None, module: str | None, argv: list[str]) -> int:
     return 1
   except BaseException as e:  # the script's own traceback, as Python would print it
     tb = e.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
-                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+    while tb is not None and (
+      tb.tb_frame.f_code.co_filename == __file__
+      or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")
+    ):
       tb = tb.tb_next
     traceback.print_exception(type(e), e, tb)
     return 1
@@ -89,9 +93,10 @@ def profiles(folder: str) -> list:
   from donate import _hlo
   from donate._profile import reading
   from donate._profile.assemble import assemble
+
   found = []
   for assignment in sorted(glob.glob(os.path.join(folder, f"*{_SUFFIX}"))):
-    ranges = assignment[:-len("buffer-assignment.txt")] + "live-range.txt"
+    ranges = assignment[: -len("buffer-assignment.txt")] + "live-range.txt"
     if not os.path.exists(ranges):
       continue
     dump = reading.read_files(assignment, ranges)
@@ -111,8 +116,9 @@ def summary(found: list, width: int = 100) -> str:
     top = ", ".join(f"{g.key} {format_bytes(g.bytes)}" for g in p.by_category()[:3])
     fits = ["yes" if p.fits(d) else "no" for d in ("h100", "b200")]
     name = p.function if len(p.function) <= 28 else p.function[:27] + "…"
-    lines.append(f"{name:<28} {format_bytes(p.peak_bytes):>10}  {fits[0]:<4} {fits[1]:<4}  "
-                 f"{top}"[:width])
+    lines.append(
+      f"{name:<28} {format_bytes(p.peak_bytes):>10}  {fits[0]:<4} {fits[1]:<4}  {top}"[:width]
+    )
   if len(found) > 30:
     lines.append(f"({len(found) - 30} smaller programs)")
   return "\n".join(lines)
@@ -126,7 +132,9 @@ def write_pages(found: list, out: str) -> list[str]:
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", p.function)[:80]
     path = os.path.join(out, f"{k:03d}_{name}.html")
     with open(path, "w", encoding="utf-8") as fh:
-      fh.write(f"<!doctype html><meta charset='utf-8'><title>{html.escape(p.function)}</title>"
-               f"{p._repr_html_()}<pre>{html.escape(str(p))}</pre>")
+      fh.write(
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(p.function)}</title>"
+        f"{p._repr_html_()}<pre>{html.escape(str(p))}</pre>"
+      )
     paths.append(path)
   return paths

@@ -27,8 +27,7 @@ import os
 
 from donate import _hlo
 from donate._errors import message
-from donate._profile import naming
-from donate._profile import reading
+from donate._profile import naming, reading
 from donate._profile.model import Entry
 from donate._text import format_bytes
 
@@ -50,6 +49,7 @@ class Shadow:
     idle: True when the donated buffer holds nothing live at the peak (the temporary could have
       lived in it); False when the output is computed from the temporary.
   """
+
   path: str
   output: str | None
   bytes: int
@@ -70,9 +70,11 @@ class Shadow:
     return os.path.basename(source) if source else "an unknown line"
 
   def __str__(self) -> str:
-    return (f"aliased, but a {format_bytes(self.temporary.bytes)} {self.temporary.kind} of "
-            f"{self.operation} at {self.where} is live with it: peak "
-            f"{format_bytes(self.peak_bytes)}")
+    return (
+      f"aliased, but a {format_bytes(self.temporary.bytes)} {self.temporary.kind} of "
+      f"{self.operation} at {self.where} is live with it: peak "
+      f"{format_bytes(self.peak_bytes)}"
+    )
 
 
 def about_the_same(a: int, b: int) -> bool:
@@ -80,8 +82,9 @@ def about_the_same(a: int, b: int) -> bool:
   return abs(a - b) <= TOLERANCE * max(a, b)
 
 
-def shadows(dump: reading.Dump, module: _hlo.Module, params, live, peak: int,
-            peak_bytes: int) -> tuple[Shadow, ...]:
+def shadows(
+  dump: reading.Dump, module: _hlo.Module, params, live, peak: int, peak_bytes: int
+) -> tuple[Shadow, ...]:
   """The aliased arguments with a temporary of about their size live beside them at the peak
   from which their output is computed (the dataflow: a temporary that merely has their size is
   never named), each temporary named once, largest buffers first.
@@ -90,8 +93,14 @@ def shadows(dump: reading.Dump, module: _hlo.Module, params, live, peak: int,
   `reading.Buffer` (whose values may feed the output under other names: a loop's carry).
   """
   by_number = {e.index: e for e in params if e.aliased and e.bytes}
-  candidates = sorted(((e, {naming.instruction_name(v[0]) for v in b.values}) for e, b in live
-                       if e.kind in ("temporary", "loop carry")), key=lambda c: -c[0].bytes)
+  candidates = sorted(
+    (
+      (e, {naming.instruction_name(v[0]) for v in b.values})
+      for e, b in live
+      if e.kind in ("temporary", "loop carry")
+    ),
+    key=lambda c: -c[0].bytes,
+  )
   found, used = [], set()
   for a in sorted(filter(reading.on_device, dump.allocations), key=lambda a: -a.size):
     entry = by_number.get(reading.parameter_number(a))
@@ -107,8 +116,9 @@ def shadows(dump: reading.Dump, module: _hlo.Module, params, live, peak: int,
         continue
       if names & feeds:  # the output is computed from it: the dataflow, not a size alone
         used.add(id(t))
-        found.append(Shadow(entry.path or entry.value, entry.output, entry.bytes, t, peak_bytes,
-                            idle))
+        found.append(
+          Shadow(entry.path or entry.value, entry.output, entry.bytes, t, peak_bytes, idle)
+        )
         break
   return tuple(found)
 
@@ -149,10 +159,14 @@ def not_lowered_reason(peak_bytes: int, without_bytes: int) -> str:
   'aliased, but the peak is 2.5 MiB either way: XLA reuses buffers without the donation too'
   """
   if peak_bytes == without_bytes:
-    return (f"aliased, but the peak is {format_bytes(peak_bytes)} either way: XLA reuses buffers "
-            "without the donation too")
-  return (f"aliased, but the peak is {format_bytes(peak_bytes)} with the donation and "
-          f"{format_bytes(without_bytes)} without it")
+    return (
+      f"aliased, but the peak is {format_bytes(peak_bytes)} either way: XLA reuses buffers "
+      "without the donation too"
+    )
+  return (
+    f"aliased, but the peak is {format_bytes(peak_bytes)} with the donation and "
+    f"{format_bytes(without_bytes)} without it"
+  )
 
 
 def strict_problems(profile, function: str, threshold: int = 0) -> list[str]:
@@ -172,30 +186,47 @@ print(donate.memory_profile(f, *args)) shows the buffers at the peak; compute th
 (or change the code at f.py:6), or leave strict="copies" off to accept it.
   """
   without = profile.peak_without_donation_bytes
-  return strict_problems_of(profile.shadowed, profile.not_lowered, threshold, function,
-                            profile.peak_bytes, without)
+  return strict_problems_of(
+    profile.shadowed, profile.not_lowered, threshold, function, profile.peak_bytes, without
+  )
 
 
-def strict_problems_of(shadowed, not_lowered_entries, threshold: int, function: str,
-                       peak_bytes: int = 0, without_bytes: int | None = None) -> list[str]:
+def strict_problems_of(
+  shadowed,
+  not_lowered_entries,
+  threshold: int,
+  function: str,
+  peak_bytes: int = 0,
+  without_bytes: int | None = None,
+) -> list[str]:
   """`strict_problems` of the profile's `shadowed` and `not_lowered` (see there)."""
-  found = [message(
-      f"{function}: at the peak, a temporary of about its size is live beside the donated "
-      "buffer", path=s.path,
+  found = [
+    message(
+      f"{function}: at the peak, a temporary of about its size is live beside the donated buffer",
+      path=s.path,
       expected="the output computed in the donated buffer, nothing of its size beside it",
-      got=str(s), fix="print(donate.memory_profile(f, *args)) shows the buffers at the peak; "
+      got=str(s),
+      fix="print(donate.memory_profile(f, *args)) shows the buffers at the peak; "
       f"compute the value in place (or change the code at {s.where}), or leave "
-      "strict=\"copies\" off to accept it") for s in shadowed if s.bytes >= threshold]
+      "strict=\"copies\" off to accept it",
+    )
+    for s in shadowed
+    if s.bytes >= threshold
+  ]
   named = {s.path for s in shadowed if s.bytes >= threshold}
   for e in not_lowered_entries:
     path = e.path or e.value
     if e.bytes < threshold or path in named or without_bytes is None:
       continue
-    found.append(message(
-        f"{function}: the peak is not lower than without the donation", path=path,
+    found.append(
+      message(
+        f"{function}: the peak is not lower than without the donation",
+        path=path,
         expected="a lower peak with the donation than without it",
         got=f"peak {format_bytes(peak_bytes)} with it, {format_bytes(without_bytes)} without it "
         "(XLA reuses buffers without the donation too)",
         fix="print(donate.memory_profile(f, *args)) shows the buffers at the peak; leave "
-        "strict=\"copies\" off to accept it"))
+        "strict=\"copies\" off to accept it",
+      )
+    )
   return found

@@ -18,10 +18,18 @@ import html as _html
 
 from donate._text import format_bytes
 
-COLOURS = {"parameters": "#4e79a7", "optimizer state": "#76b7b2", "gradients": "#f28e2b",
-           "activations": "#e15759", "state": "#59a14f", "inputs": "#edc948",
-           "outputs": "#b07aa1", "collective": "#ff9da7", "temporaries": "#9c755f",
-           "constants": "#bab0ac"}
+COLOURS = {
+  "parameters": "#4e79a7",
+  "optimizer state": "#76b7b2",
+  "gradients": "#f28e2b",
+  "activations": "#e15759",
+  "state": "#59a14f",
+  "inputs": "#edc948",
+  "outputs": "#b07aa1",
+  "collective": "#ff9da7",
+  "temporaries": "#9c755f",
+  "constants": "#bab0ac",
+}
 _MAX_CELLS = 12  # buffers drawn per column; the rest as one cell
 
 
@@ -48,23 +56,29 @@ def treemap(p, width: int = 960, height: int = 320) -> str:
     for label, nbytes in cells:
       h = height * nbytes / column_bytes
       inner.append(
-          f"<div title='{label}: {esc(format_bytes(nbytes))}' style='position:absolute;"
-          f"left:0;top:{top:.1f}px;width:100%;height:{h:.1f}px;box-sizing:border-box;"
-          "border:1px solid #fff;overflow:hidden;font-size:10px;color:#fff'>"
-          f"{label if h >= 12 else ''}</div>")
+        f"<div title='{label}: {esc(format_bytes(nbytes))}' style='position:absolute;"
+        f"left:0;top:{top:.1f}px;width:100%;height:{h:.1f}px;box-sizing:border-box;"
+        "border:1px solid #fff;overflow:hidden;font-size:10px;color:#fff'>"
+        f"{label if h >= 12 else ''}</div>"
+      )
       top += h
     w = share * width
     parts.append(
-        f"<div title='{esc(category)}: {esc(format_bytes(sum(e.bytes for e in entries)))}' "
-        f"style='position:absolute;left:{left:.1f}px;top:0;width:{w:.1f}px;height:{height}px;"
-        f"background:{COLOURS.get(category, '#888')}'>{''.join(inner)}</div>")
+      f"<div title='{esc(category)}: {esc(format_bytes(sum(e.bytes for e in entries)))}' "
+      f"style='position:absolute;left:{left:.1f}px;top:0;width:{w:.1f}px;height:{height}px;"
+      f"background:{COLOURS.get(category, '#888')}'>{''.join(inner)}</div>"
+    )
     left += w
   legend = " ".join(
-      f"<span style='background:{COLOURS.get(c, '#888')};color:#fff;padding:0 4px'>{esc(c)} "
-      f"{esc(format_bytes(sum(e.bytes for e in columns[c])))}</span>" for c in order)
-  return (f"<div><p>The peak ({esc(format_bytes(p.peak_bytes))}) by category:</p>"
-          f"<div style='position:relative;width:{width}px;height:{height}px'>{''.join(parts)}"
-          f"</div><p>{legend}</p></div>")
+    f"<span style='background:{COLOURS.get(c, '#888')};color:#fff;padding:0 4px'>{esc(c)} "
+    f"{esc(format_bytes(sum(e.bytes for e in columns[c])))}</span>"
+    for c in order
+  )
+  return (
+    f"<div><p>The peak ({esc(format_bytes(p.peak_bytes))}) by category:</p>"
+    f"<div style='position:relative;width:{width}px;height:{height}px'>{''.join(parts)}"
+    f"</div><p>{legend}</p></div>"
+  )
 
 
 def packing(p, width: int = 960, height: int = 240, most: int = 400) -> str:
@@ -74,15 +88,18 @@ def packing(p, width: int = 960, height: int = 240, most: int = 400) -> str:
   steps = max(len(p.timeline), 1)
   top = max((b[1] for b in layout), default=0) or 1
   rects = "".join(
-      f"<rect x='{width * s / steps:.1f}' y='{height * (1 - hi / top):.1f}' "
-      f"width='{max(width * (e - s) / steps, 0.5):.1f}' "
-      f"height='{max(height * (hi - lo) / top, 0.5):.1f}' "
-      f"fill='#9c755f' fill-opacity='0.6' stroke='#fff' stroke-width='0.3'><title>"
-      f"{esc(v)}: {esc(format_bytes(hi - lo))} at offset {lo}, steps {s}-{e}</title></rect>"
-      for lo, hi, s, e, v in layout)
+    f"<rect x='{width * s / steps:.1f}' y='{height * (1 - hi / top):.1f}' "
+    f"width='{max(width * (e - s) / steps, 0.5):.1f}' "
+    f"height='{max(height * (hi - lo) / top, 0.5):.1f}' "
+    f"fill='#9c755f' fill-opacity='0.6' stroke='#fff' stroke-width='0.3'><title>"
+    f"{esc(v)}: {esc(format_bytes(hi - lo))} at offset {lo}, steps {s}-{e}</title></rect>"
+    for lo, hi, s, e, v in layout
+  )
   x = width * (p.peak_step + 0.5) / steps
-  return (f"<div><p>XLA's packing of the temporaries ({esc(format_bytes(p.temp_bytes))} block; "
-          f"x: schedule step, y: offset; the dashed line is the peak):</p>"
-          f"<svg width='{width}' height='{height}' style='background:#f4f4f4'>{rects}"
-          f"<line x1='{x:.1f}' x2='{x:.1f}' y1='0' y2='{height}' stroke='#000' "
-          "stroke-dasharray='4 3'/></svg></div>")
+  return (
+    f"<div><p>XLA's packing of the temporaries ({esc(format_bytes(p.temp_bytes))} block; "
+    f"x: schedule step, y: offset; the dashed line is the peak):</p>"
+    f"<svg width='{width}' height='{height}' style='background:#f4f4f4'>{rects}"
+    f"<line x1='{x:.1f}' x2='{x:.1f}' y1='0' y2='{height}' stroke='#000' "
+    "stroke-dasharray='4 3'/></svg></div>"
+  )

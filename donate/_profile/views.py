@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import html as _html
 
-from donate._profile.treemap import packing
-from donate._profile.treemap import treemap
+from donate._profile.treemap import packing, treemap
 from donate._text import format_bytes
 
 WIDTH = 100
@@ -18,7 +17,7 @@ def size(n: int) -> str:
 
 def _clip(text: str | None, width: int) -> str:
   text = text or "-"
-  return text if len(text) <= width else "…" + text[-(width - 1):]
+  return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 NOT_YET = "not measured yet: profile.measure()"
@@ -48,12 +47,14 @@ def _saving_explained(p) -> str | None:
   saved = p.donation_saved_bytes
   if saved is None:
     return f"What the donations saved at the peak is not measured: {p.saving_not_measured}."
-  reuse = (": XLA reuses buffers without the donations too" if saved < p.alias_bytes else "")
-  return (f"Compiled again without its donations (the same jaxpr, shardings and compiler "
-          f"options) the program peaks at {size(p.peak_without_donation_bytes)}: the "
-          f"donations saved {size(max(saved, 0))} at the peak"
-          + (f" (they cost {size(-saved)})" if saved < 0 else "")
-          + f" for {size(p.alias_bytes)} aliased{reuse}.")
+  reuse = ": XLA reuses buffers without the donations too" if saved < p.alias_bytes else ""
+  return (
+    f"Compiled again without its donations (the same jaxpr, shardings and compiler "
+    f"options) the program peaks at {size(p.peak_without_donation_bytes)}: the "
+    f"donations saved {size(max(saved, 0))} at the peak"
+    + (f" (they cost {size(-saved)})" if saved < 0 else "")
+    + f" for {size(p.alias_bytes)} aliased{reuse}."
+  )
 
 
 def explain(p) -> str:
@@ -63,21 +64,26 @@ def explain(p) -> str:
   in_use = step.temporaries + step.collective
   constants = f" + constants {size(p.constant_bytes)}" if p.constant_bytes else ""
   lines = [
-      f"arguments {size(p.argument_bytes)} + outputs {size(p.output_bytes)} - aliased "
-      f"{size(p.alias_bytes)} + temporaries {size(p.temp_bytes)}{constants} = "
-      f"{size(p.reserved_bytes)}: what the program holds on the device while it runs (its "
-      "temporaries are one block, sized for the most XLA's packing holds at once"
-      + ("; its constants are the literals XLA keeps with it, which memory_analysis() leaves "
-         "out)." if constants else ")."),
-      f"peak_bytes {size(p.peak_bytes)}: the timeline's highest point, at step {p.peak_step} "
-      f"({p.peak_instruction}): the allocations that live for the whole program (arguments and "
-      f"outputs, an aliased pair once{', constants' if constants else ''}: {size(fixed)}) plus "
-      f"the {size(in_use)} of temporaries live there.",
+    f"arguments {size(p.argument_bytes)} + outputs {size(p.output_bytes)} - aliased "
+    f"{size(p.alias_bytes)} + temporaries {size(p.temp_bytes)}{constants} = "
+    f"{size(p.reserved_bytes)}: what the program holds on the device while it runs (its "
+    "temporaries are one block, sized for the most XLA's packing holds at once"
+    + (
+      "; its constants are the literals XLA keeps with it, which memory_analysis() leaves out)."
+      if constants
+      else ")."
+    ),
+    f"peak_bytes {size(p.peak_bytes)}: the timeline's highest point, at step {p.peak_step} "
+    f"({p.peak_instruction}): the allocations that live for the whole program (arguments and "
+    f"outputs, an aliased pair once{', constants' if constants else ''}: {size(fixed)}) plus "
+    f"the {size(in_use)} of temporaries live there.",
   ]
   gap = p.free_at_peak_bytes
   if gap > 0:
-    lines.append(f"The temp block is {size(gap)} larger than what is live at the peak: bytes "
-                 "XLA's packing leaves free there (alignment and gaps between buffers).")
+    lines.append(
+      f"The temp block is {size(gap)} larger than what is live at the peak: bytes "
+      "XLA's packing leaves free there (alignment and gaps between buffers)."
+    )
   if p.xla_peak_bytes is not None:
     lines.append(_xla_peak(p, fixed, in_use))
   donation = _saving_explained(p)
@@ -86,18 +92,28 @@ def explain(p) -> str:
 
 def _xla_peak(p, fixed: int, in_use: int) -> str:
   extra = p.xla_peak_bytes - fixed
-  head = (f"memory_analysis().peak_memory_in_bytes {size(p.xla_peak_bytes)}: the allocations "
-          f"that live for the whole program ({size(fixed)}) ")
+  head = (
+    f"memory_analysis().peak_memory_in_bytes {size(p.xla_peak_bytes)}: the allocations "
+    f"that live for the whole program ({size(fixed)}) "
+  )
   if extra == 0:
-    return head + ("and none of the temporaries: this backend's buffer assignment keeps no heap "
-                   "trace for XLA to add them from.")
-  trace = (f"plus {size(extra)}, the most XLA's heap trace of the temp block holds at once")
+    return head + (
+      "and none of the temporaries: this backend's buffer assignment keeps no heap "
+      "trace for XLA to add them from."
+    )
+  trace = f"plus {size(extra)}, the most XLA's heap trace of the temp block holds at once"
   if extra == in_use:
     return head + trace + ": the temporaries live at peak_bytes, so the two peaks agree."
   if 0 < extra < in_use:
-    return head + trace + (f": {size(in_use - extra)} less than the temporaries live at "
-                           "peak_bytes, values XLA's live ranges hold there that its heap trace "
-                           "leaves out.")
+    return (
+      head
+      + trace
+      + (
+        f": {size(in_use - extra)} less than the temporaries live at "
+        "peak_bytes, values XLA's live ranges hold there that its heap trace "
+        "leaves out."
+      )
+    )
   return head + f"{'plus' if extra > 0 else 'minus'} {size(abs(extra))} from XLA's heap trace."
 
 
@@ -108,8 +124,9 @@ def _table(p) -> list[str]:
     owner = e.path or e.source or e.value
     if e.aliased and e.output:
       owner = f"{owner} -> {e.output}"
-    lines.append(f"{size(e.bytes):>10}  {e.category:<15}  {_clip(owner, 44):<44}  "
-                 f"{_clip(e.scope, WIDTH - 77)}")
+    lines.append(
+      f"{size(e.bytes):>10}  {e.category:<15}  {_clip(owner, 44):<44}  {_clip(e.scope, WIDTH - 77)}"
+    )
   rest = p.at_peak[_ROWS:]
   if rest:
     lines.append(f"{size(sum(e.bytes for e in rest)):>10}  ({len(rest)} more buffers)")
@@ -118,23 +135,29 @@ def _table(p) -> list[str]:
 
 def text(p) -> str:
   """The profile as text: totals, the peak's buffers, groups by scope, advice, XLA's figures."""
-  lines = [_clip(f"memory profile of {p.function} ({p.platform}, per device)", WIDTH),
-           f"  peak {size(p.peak_bytes)} at step {p.peak_step} of {len(p.timeline)}, "
-           f"{size(p.reserved_bytes)} allocated",
-           f"  arguments {size(p.argument_bytes)}, outputs {size(p.output_bytes)}, aliased "
-           f"{size(p.alias_bytes)}, temporaries {size(p.temp_bytes)}"
-           + (f", constants {size(p.constant_bytes)}" if p.constant_bytes else ""),
-           *_wrap(saving(p), WIDTH - 2, "  "),
-           f"  {p.attributed_fraction():.0%} of the bytes at the peak carry a source line or "
-           "a path", "", "at the peak:"]
+  lines = [
+    _clip(f"memory profile of {p.function} ({p.platform}, per device)", WIDTH),
+    f"  peak {size(p.peak_bytes)} at step {p.peak_step} of {len(p.timeline)}, "
+    f"{size(p.reserved_bytes)} allocated",
+    f"  arguments {size(p.argument_bytes)}, outputs {size(p.output_bytes)}, aliased "
+    f"{size(p.alias_bytes)}, temporaries {size(p.temp_bytes)}"
+    + (f", constants {size(p.constant_bytes)}" if p.constant_bytes else ""),
+    *_wrap(saving(p), WIDTH - 2, "  "),
+    f"  {p.attributed_fraction():.0%} of the bytes at the peak carry a source line or a path",
+    "",
+    "at the peak:",
+  ]
   lines += ["  " + ln for ln in _table(p)]
   lines += ["", "by category:"] + [
-      f"  {size(g.bytes):>10}  {g.key} ({g.count} buffer{'s' if g.count != 1 else ''})"
-      for g in p.by_category()]
-  lines += ["", "by source line:"] + [f"  {size(r.bytes):>10}  {_clip(str(r), WIDTH - 14)}"
-                                      for r in p.by_line()[:6]]
-  lines += ["", "by scope:"] + [f"  {size(g.bytes):>10}  {_clip(g.key, WIDTH - 14)}"
-                                for g in p.by_scope()[:6]]
+    f"  {size(g.bytes):>10}  {g.key} ({g.count} buffer{'s' if g.count != 1 else ''})"
+    for g in p.by_category()
+  ]
+  lines += ["", "by source line:"] + [
+    f"  {size(r.bytes):>10}  {_clip(str(r), WIDTH - 14)}" for r in p.by_line()[:6]
+  ]
+  lines += ["", "by scope:"] + [
+    f"  {size(g.bytes):>10}  {_clip(g.key, WIDTH - 14)}" for g in p.by_scope()[:6]
+  ]
   if p.could_donate:
     lines += ["", "could donate:"] + ["  " + _clip(str(s), WIDTH - 2) for s in p.could_donate]
   if p.shadowed:
@@ -169,44 +192,55 @@ def html(p) -> str:
   """The profile as an HTML table for notebooks."""
   esc = _html.escape
   rows = "".join(
-      f"<tr><td style='text-align:right'>{esc(size(e.bytes))}</td><td>{esc(e.category)}</td>"
-      f"<td><code>{esc(e.path or '')}</code></td><td><code>{esc(e.source or '')}</code></td>"
-      f"<td><code>{esc(e.scope or '')}</code></td></tr>" for e in p.at_peak[:40])
+    f"<tr><td style='text-align:right'>{esc(size(e.bytes))}</td><td>{esc(e.category)}</td>"
+    f"<td><code>{esc(e.path or '')}</code></td><td><code>{esc(e.source or '')}</code></td>"
+    f"<td><code>{esc(e.scope or '')}</code></td></tr>"
+    for e in p.at_peak[:40]
+  )
   advice = "".join(f"<li>{esc(str(s))}</li>" for s in p.could_donate)
   shadowed = "".join(f"<li><code>{esc(s.path)}</code>: {esc(str(s))}</li>" for s in p.shadowed)
   if p.saving_measured and p.not_lowered:
-    shadowed += (f"<li>the peak is not lower than without the donations: "
-                 f"<code>{esc(_aliased_list(p))}</code></li>")
+    shadowed += (
+      f"<li>the peak is not lower than without the donations: "
+      f"<code>{esc(_aliased_list(p))}</code></li>"
+    )
   explained = "".join(f"<li>{esc(ln)}</li>" for ln in explain(p).splitlines())
-  return (f"<div><b>memory profile of {esc(p.function)}</b> ({esc(p.platform)}, per device): "
-          f"peak {esc(size(p.peak_bytes))} at step {p.peak_step}, "
-          f"{esc(size(p.reserved_bytes))} allocated; {esc(saving(p))}"
-          + treemap(p) +
-          "<table><tr><th>bytes</th><th>category</th><th>path</th><th>source</th><th>scope</th>"
-          f"</tr>{rows}</table>"
-          + (f"<p>Could donate:</p><ul>{advice}</ul>" if advice else "")
-          + (f"<p>Donations that left the peak high:</p><ul>{shadowed}</ul>" if shadowed
-             else "")
-          + (packing(p) if p.layout else "")
-          + f"<p>XLA's figures:</p><ul>{explained}</ul></div>")
+  return (
+    f"<div><b>memory profile of {esc(p.function)}</b> ({esc(p.platform)}, per device): "
+    f"peak {esc(size(p.peak_bytes))} at step {p.peak_step}, "
+    f"{esc(size(p.reserved_bytes))} allocated; {esc(saving(p))}"
+    + treemap(p)
+    + "<table><tr><th>bytes</th><th>category</th><th>path</th><th>source</th><th>scope</th>"
+    f"</tr>{rows}</table>"
+    + (f"<p>Could donate:</p><ul>{advice}</ul>" if advice else "")
+    + (f"<p>Donations that left the peak high:</p><ul>{shadowed}</ul>" if shadowed else "")
+    + (packing(p) if p.layout else "")
+    + f"<p>XLA's figures:</p><ul>{explained}</ul></div>"
+  )
 
 
 def plot(p, ax=None):
   """Stacked areas of the timeline with the peak marked, and bars of the peak by category."""
   import matplotlib.pyplot as plt
+
   if ax is None:
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(12, 4), width_ratios=(2, 1))
   else:
     fig, bars = ax.figure, None
   t = p.timeline
   steps = range(len(t))
-  layers = [("arguments", [t.arguments] * len(t)), ("aliased", [t.aliased] * len(t)),
-            ("outputs", [t.outputs] * len(t)), ("constants", [t.constants] * len(t)),
-            ("temporaries", list(t.temporaries)),
-            ("collective", list(t.collective))]
+  layers = [
+    ("arguments", [t.arguments] * len(t)),
+    ("aliased", [t.aliased] * len(t)),
+    ("outputs", [t.outputs] * len(t)),
+    ("constants", [t.constants] * len(t)),
+    ("temporaries", list(t.temporaries)),
+    ("collective", list(t.collective)),
+  ]
   mib = 1 << 20
-  ax.stackplot(steps, *[[v / mib for v in ys] for _, ys in layers],
-               labels=[name for name, _ in layers])
+  ax.stackplot(
+    steps, *[[v / mib for v in ys] for _, ys in layers], labels=[name for name, _ in layers]
+  )
   ax.axvline(p.peak_step, color="k", linestyle="--", linewidth=1)
   ax.set_xlabel("schedule step")
   ax.set_ylabel("MiB per device")
