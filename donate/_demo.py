@@ -60,6 +60,7 @@ def compare_swapped(n: int = 2**26, steps: int = 10) -> list[Row]:
   shapes = (jax.ShapeDtypeStruct((n,), jnp.float32),) * 2
   ours = _jit.jit(swapped_update, donate_argnums=(0, 1))
   plan = ours.plan(*make())
+  assert plan.memory is not None, "the CPU backend reports memory statistics"
   rows = [
     Row(
       "donate.jit",

@@ -17,25 +17,28 @@ import inspect
 import os
 import threading
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, overload
 
 import jax
 
-from donate import _binding
-from donate import _compat
-from donate import _errors
-from donate import _gate
-from donate import _into
-from donate import _options
-from donate import _donation_plan
-from donate import _signature
-from donate import _stages
-from donate._primitives import donate_buffer_p
-from donate._primitives import remember_donate_jit
+from donate import (
+  _binding,
+  _compat,
+  _donation_plan,
+  _errors,
+  _gate,
+  _into,
+  _options,
+  _signature,
+  _stages,
+)
+from donate._primitives import donate_buffer_p, remember_donate_jit
 
-_compat.hide_from_tracebacks(os.path.dirname(os.path.abspath(__file__)) + os.sep,
-                             shown=(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                 "_examples.py"),))  # the demo's programs
+_compat.hide_from_tracebacks(
+  os.path.dirname(os.path.abspath(__file__)) + os.sep,
+  shown=(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_examples.py"),),
+)  # the demo's programs
 
 
 class JitWrapped:
@@ -57,15 +60,19 @@ class JitWrapped:
     name = _fun_name(fun)
     # jax.jit validates the function and every keyword exactly as for jax.jit(fun); its error
     # keeps its type and sentence, and gains the function's name and its parameters.
-    argnums = dict(donate_argnums=options.donate_argnums, donate_argnames=options.donate_argnames)
+    argnums = {
+      "donate_argnums": options.donate_argnums,
+      "donate_argnames": options.donate_argnames,
+    }
     try:
       self._plain = _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
       self._gated = _gate.gated_for(fun)
       jitted = _compat.jax_jit(self._gated, **argnums, **options.jit_kwargs)
     except (ValueError, TypeError) as e:
       raise _keyword_error(name, fun, e, options.jit_kwargs) from e
-    self._fn = _signature.Function(fun, name, jitted, self._gated.gate,
-                                   _binding.Binding(fun, jitted), options)
+    self._fn = _signature.Function(
+      fun, name, jitted, self._gated.gate, _binding.Binding(fun, jitted), options
+    )
     # A function JAX cannot reference weakly gets exactly jax.jit's behaviour, whatever it is.
     self._plain_only = self._gated.strong
     self._native_only = False  # every signature so far runs on the gate: skip flattening
@@ -100,8 +107,7 @@ class JitWrapped:
           return prep.run(args, kwargs, call.leaves, cached=True)
     except _gate.Replan:  # the C++ entry of this signature is now "fall back to Python": drop it
       if prep is None or prep.inner is not None or not prep.realiased:
-        _compat.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner
-                                else fn.jitted)
+        _compat.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner else fn.jitted)
     except (jax.errors.JaxRuntimeError, ValueError):
       # One array in two places (JAX rejects it when one is donated): name both leaves.
       if _compat.trace_state_clean() and _binding.repeats_an_array(fn.binding, args, kwargs):
@@ -136,8 +142,10 @@ class JitWrapped:
     call = binding.bind(args, kwargs)
     donated = binding.donated_leaves(call)
     if donated:
-      leaves = [donate_buffer_p.bind(x) if i in donated and isinstance(x, jax.core.Tracer) else x
-                for i, x in enumerate(call.leaves)]
+      leaves = [
+        donate_buffer_p.bind(x) if i in donated and isinstance(x, jax.core.Tracer) else x
+        for i, x in enumerate(call.leaves)
+      ]
       args, kwargs = binding.rebuild(call, args, kwargs, leaves)
     with self._fn.gate:
       return self._fn.jitted(*args, **kwargs)
@@ -176,11 +184,11 @@ class JitWrapped:
     prep, call = self._prepare(args, kwargs)
     return prep.compile(call, with_profile=True)[1]
 
-  def trace(self, *args, **kwargs) -> "_stages.Traced":
+  def trace(self, *args, **kwargs) -> _stages.Traced:
     """Traces for these arguments; a `jax.stages.Traced` with the plan (`.plan`)."""
     return _stages.Traced(*self._prepare(args, kwargs))
 
-  def lower(self, *args, **kwargs) -> "_stages.Lowered":
+  def lower(self, *args, **kwargs) -> _stages.Lowered:
     """Lowers for these arguments (ahead of time), with the plan's aliases and donors; compiles
     nothing (`.compile()` does, and checks the aliases XLA made)."""
     return self.trace(*args, **kwargs).lower()
@@ -189,13 +197,14 @@ class JitWrapped:
     with self._fn.gate:
       return self._fn.jitted.eval_shape(*args, **kwargs)
 
-  def into(self, out) -> "_into.Into":
+  def into(self, out) -> _into.Into:
     """Writes the results into preallocated buffers `out`; see `donate.jit`."""
     _into.check_buffers(out)
     with self._lock:
       if self._into is None:
-        self._into = JitWrapped(_into.with_out(self._fn.fun, self._fn.name),
-                                self._fn.options.with_leading_argument())
+        self._into = JitWrapped(
+          _into.with_out(self._fn.fun, self._fn.name), self._fn.options.with_leading_argument()
+        )
       return _into.Into(self._into, out)
 
   def clear_cache(self):
@@ -253,10 +262,14 @@ def _keyword_error(name: str, fun, error: Exception, jit_kwargs: dict) -> Except
   except (TypeError, ValueError):
     params = "unknown"
   cls = _errors.DonationTypeError if isinstance(error, TypeError) else _errors.DonationError
-  return cls(_errors.message(
-      f"donate.jit of {name}: {str(error).rstrip('.')}", expected=f"arguments of {name}({params})",
+  return cls(
+    _errors.message(
+      f"donate.jit of {name}: {str(error).rstrip('.')}",
+      expected=f"arguments of {name}({params})",
       fix="name parameters that exist in donate_argnums/donate_argnames and static_argnums/"
-          "static_argnames, and never the same one in both"))
+      "static_argnames, and never the same one in both",
+    )
+  )
 
 
 def _fun_name(fun) -> str:
@@ -267,9 +280,48 @@ def _fun_name(fun) -> str:
   return name if isinstance(name, str) else type(fun).__name__
 
 
-def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=None,
-        strict: bool | str | tuple[str, ...] = False, adopt_inner_donation: bool = False,
-        copy_threshold: int = 65536, symmetric_placement: bool = True, **jax_jit_kwargs):
+@overload
+def jit(
+  fun: Callable,
+  /,
+  *,
+  donate_argnums=None,
+  donate_argnames=None,
+  strict: bool | str | tuple[str, ...] = False,
+  adopt_inner_donation: bool = False,
+  copy_threshold: int = 65536,
+  symmetric_placement: bool = True,
+  **jax_jit_kwargs,
+) -> JitWrapped: ...
+
+
+@overload
+def jit(
+  fun: None = None,
+  /,
+  *,
+  donate_argnums=None,
+  donate_argnames=None,
+  strict: bool | str | tuple[str, ...] = False,
+  adopt_inner_donation: bool = False,
+  copy_threshold: int = 65536,
+  symmetric_placement: bool = True,
+  **jax_jit_kwargs,
+) -> Callable[[Callable], JitWrapped]: ...
+
+
+def jit(
+  fun: Callable | None = None,
+  /,
+  *,
+  donate_argnums=None,
+  donate_argnames=None,
+  strict: bool | str | tuple[str, ...] = False,
+  adopt_inner_donation: bool = False,
+  copy_threshold: int = 65536,
+  symmetric_placement: bool = True,
+  **jax_jit_kwargs,
+):
   """A drop-in for `jax.jit` that plans donation per leaf and explains itself.
 
   Usable as `@donate.jit`, `@donate.jit(...)` and `donate.jit(f, ...)`. Every `jax.jit` keyword
@@ -283,8 +335,9 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
   first served, where that changes a buffer of at least `copy_threshold` bytes (smaller ones
   pair as `jax.jit` pairs them). The program keeps the user's argument and result order (the
   pairs are set on the lowered module), so its staged objects and executables work wherever
-  `jax.jit`'s do (`serialize_executable`, `jax.export`, the persistent cache). The returned function also has `.plan(...)` (plans and compiles, runs nothing),
-  `.trace(...)`, `.lower(...)`, `.eval_shape(...)` and `.into(out)(...)`.
+  `jax.jit`'s do (`serialize_executable`, `jax.export`, the persistent cache). The returned
+  function also has `.plan(...)` (plans and compiles, runs nothing), `.trace(...)`, `.lower(...)`,
+  `.eval_shape(...)` and `.into(out)(...)`.
 
   Args:
     fun: the function to compile.
@@ -324,11 +377,9 @@ def jit(fun: Callable | None = None, /, *, donate_argnums=None, donate_argnames=
   >>> x.unsafe_buffer_pointer() == pb, y.unsafe_buffer_pointer() == pa, a.is_deleted()
   (True, True, True)
   """
-  if fun is None:
-    return lambda f: jit(f, donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                         strict=strict, adopt_inner_donation=adopt_inner_donation,
-                         copy_threshold=copy_threshold, symmetric_placement=symmetric_placement,
-                         **jax_jit_kwargs)
-  return JitWrapped(fun, _options.Options(
-      donate_argnums, donate_argnames, strict, adopt_inner_donation, copy_threshold,
-      symmetric_placement, jax_jit_kwargs))
+
+  def wrap(f: Callable) -> JitWrapped:  # one Options per function, as jit(f, ...) makes
+    options = (donate_argnums, donate_argnames, strict, adopt_inner_donation, copy_threshold)
+    return JitWrapped(f, _options.Options(*options, symmetric_placement, dict(jax_jit_kwargs)))
+
+  return wrap if fun is None else wrap(fun)
