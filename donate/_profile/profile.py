@@ -5,11 +5,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from donate._profile import model
-from donate._profile import views
-from donate._profile.model import Entry
-from donate._profile.model import Suggestion
-from donate._profile.model import Timeline
+from donate._profile import advice, errors, model, views
+from donate._profile.model import Entry, Suggestion, Timeline
 
 
 def _source_key(e: Entry) -> str:
@@ -18,6 +15,7 @@ def _source_key(e: Entry) -> str:
 
 def _scope_key(e: Entry) -> str:
   from donate._profile.naming import group_scope
+
   if e.kind in ("argument", "output") and e.path is not None:
     return f"({e.kind}s)"
   return group_scope(e.scope) or f"({e.kind}, no scope)"
@@ -73,6 +71,7 @@ class MemoryProfile:
   >>> bool(p.fits("h100")), p.attributed_fraction() >= 0.95
   (True, True)
   """
+
   function: str
   platform: str
   argument_bytes: int
@@ -86,7 +85,7 @@ class MemoryProfile:
   could_donate: tuple[Suggestion, ...]
   shadowed: tuple = ()  # aliased, a temporary of their size beside them (`shadow.Shadow`)
   constant_bytes: int = 0
-  saving: "Saving | None" = dataclasses.field(default=None, compare=False)  # measured on demand
+  saving: Saving | None = dataclasses.field(default=None, compare=False)  # measured on demand
   program: object = dataclasses.field(default=None, compare=False)  # `advice.Program` or None
   layout: tuple = dataclasses.field(default=(), compare=False)  # `treemap.packing`'s buffers
 
@@ -113,8 +112,8 @@ class MemoryProfile:
     """Arguments + outputs - aliased + temporaries + constants: what the program holds on the
     device while it runs (its temporaries are one block, sized for the most XLA packs at once,
     gaps included)."""
-    return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
-            + self.constant_bytes)
+    held = self.argument_bytes + self.output_bytes - self.alias_bytes
+    return held + self.temp_bytes + self.constant_bytes
 
   @property
   def free_at_peak_bytes(self) -> int:
@@ -130,9 +129,8 @@ class MemoryProfile:
     `jax.stages.Compiled` alone keeps no program to compile again). It can be far less than
     `alias_bytes`: XLA often reuses buffers without a donation too (an SGD step peaks as high
     either way)."""
-    if self.peak_without_donation_bytes is None:
-      return None
-    return self.peak_without_donation_bytes - self.peak_bytes
+    without = self.peak_without_donation_bytes
+    return None if without is None else without - self.peak_bytes
 
   @property
   def not_lowered(self) -> tuple[Entry, ...]:
@@ -149,8 +147,8 @@ class MemoryProfile:
 
   def memory_analysis_figures(self) -> dict[str, int]:
     """The profile's figures under `memory_analysis()`'s names (without `_size_in_bytes`)."""
-    return {"argument": self.argument_bytes, "output": self.output_bytes,
-            "alias": self.alias_bytes, "temp": self.temp_bytes}
+    figures = (self.argument_bytes, self.output_bytes, self.alias_bytes, self.temp_bytes)
+    return dict(zip(("argument", "output", "alias", "temp"), figures))
 
   def attributed_fraction(self) -> float:
     """The share of the bytes at the peak that carry a source line or a pytree path."""
@@ -173,7 +171,7 @@ class MemoryProfile:
     first."""
     return model.lines(self.at_peak)
 
-  def measure(self) -> "MemoryProfile":
+  def measure(self) -> MemoryProfile:
     """Measures what the donations saved (one compile without them, the first time) and returns
     the profile, so that `print(profile.measure())` shows it; printing alone compiles nothing."""
     if self.saving is not None:
@@ -189,7 +187,6 @@ class MemoryProfile:
     """What would lower the peak: items with `change`, `how`, `peak_bytes` (measured: one
     compile per candidate, made here) and `saving_bytes` (see `donate._profile.advice`);
     `candidates` limits the compiled ones (by their `change` or `how`)."""
-    from donate._profile import advice
     return advice.advise(self, candidates)
 
   def by_scope(self) -> tuple[model.Group, ...]:
@@ -197,16 +194,16 @@ class MemoryProfile:
     primitive; arguments and outputs as `(arguments)`, `(outputs)`), largest first."""
     return model.group(self.at_peak, _scope_key)
 
-  def compare(self, other: "MemoryProfile") -> model.Comparison:
+  def compare(self, other: MemoryProfile) -> model.Comparison:
     """Lines up this profile's peak (before) with `other`'s (after) by source line and scope.
 
     `.grew()` lists the source lines with more bytes at the peak in `other`; `str()` prints the
     changes, and what each one's donations saved at its peak where measured.
     """
-    return model.Comparison(self.peak_bytes, other.peak_bytes,
-                            model.changes(self.by_source(), other.by_source()),
-                            model.changes(self.by_scope(), other.by_scope()),
-                            self.donation_saved_bytes, other.donation_saved_bytes)
+    by_source = model.changes(self.by_source(), other.by_source())
+    by_scope = model.changes(self.by_scope(), other.by_scope())
+    saved = (self.donation_saved_bytes, other.donation_saved_bytes)
+    return model.Comparison(self.peak_bytes, other.peak_bytes, by_source, by_scope, *saved)
 
   def fits(self, device) -> model.Fit:
     """Whether the program fits `device`: `"h100"`, `"b200"` or a byte count.
@@ -217,7 +214,6 @@ class MemoryProfile:
     Raises:
       DonationError: an unknown device name (the message lists the known ones).
     """
-    from donate._profile import errors
     try:
       name, capacity = model.capacity_of(device)
     except ValueError:
@@ -232,8 +228,10 @@ class MemoryProfile:
     return views.text(self)
 
   def __repr__(self) -> str:
-    return (f"<MemoryProfile of {self.function}: peak {views.size(self.peak_bytes)}, "
-            f"{len(self.at_peak)} buffers at the peak>")
+    peak = views.size(self.peak_bytes)
+    return (
+      f"<MemoryProfile of {self.function}: peak {peak}, {len(self.at_peak)} buffers at the peak>"
+    )
 
   def _repr_html_(self) -> str:
     return views.html(self)
