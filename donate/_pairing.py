@@ -27,30 +27,41 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from donate import _dataflow
-from donate import _errors
-from donate._text import is_symbolic, shape_text, sharding_text
+from donate import _dataflow, _errors
 from donate._decision_types import Action, Cause, Kind, Request
-from donate._donation_plan import (DEVICE, NOT_A_DEVICE_BUFFER, WRITTEN_BACK, DonationPlan,
-                                   LeafDecision, LeafInfo, Layout, OutputInfo)
+from donate._donation_plan import (
+  NOT_A_DEVICE_BUFFER,
+  WRITTEN_BACK,
+  DonationPlan,
+  Layout,
+  LeafDecision,
+  LeafInfo,
+  OutputInfo,
+)
+from donate._text import is_symbolic, shape_text, sharding_text
 
 # Why a paired leaf is aliased, by the strength of its dataflow link to the output.
 _STRENGTH = {
-    _dataflow.EXPLICIT: (Cause.EXPLICIT_ALIAS, "explicit alias"),
-    _dataflow.IDENTITY: (Cause.RETURNED_UNCHANGED, "returned unchanged"),
-    _dataflow.UPDATE: (Cause.UPDATED_IN_PLACE,
-                       "updated in place (.at[].set / dynamic_update_slice / scatter)"),
-    _dataflow.CARRY: (Cause.LOOP_CARRY, "loop carry updated in place"),
-    _dataflow.ELEMENTWISE: (Cause.ELEMENTWISE_UPDATE, "elementwise update of this input"),
-    0: (Cause.SAME_SHAPE_AND_DTYPE, "same shape and dtype (no dataflow link)"),
+  _dataflow.EXPLICIT: (Cause.EXPLICIT_ALIAS, "explicit alias"),
+  _dataflow.IDENTITY: (Cause.RETURNED_UNCHANGED, "returned unchanged"),
+  _dataflow.UPDATE: (
+    Cause.UPDATED_IN_PLACE,
+    "updated in place (.at[].set / dynamic_update_slice / scatter)",
+  ),
+  _dataflow.CARRY: (Cause.LOOP_CARRY, "loop carry updated in place"),
+  _dataflow.ELEMENTWISE: (Cause.ELEMENTWISE_UPDATE, "elementwise update of this input"),
+  0: (Cause.SAME_SHAPE_AND_DTYPE, "same shape and dtype (no dataflow link)"),
 }
 
 # JAX's jit donates nothing while `jax_debug_nans` is on (it may rerun the function de-optimized,
 # which needs the inputs); `jax_debug_infs` does not turn donation off.
-JAX_DISABLED = ("not donated: jax_debug_nans is on, and JAX donates nothing then (it may rerun "
-                "the function de-optimized on the same inputs)")
+JAX_DISABLED = (
+  "not donated: jax_debug_nans is on, and JAX donates nothing then (it may rerun "
+  "the function de-optimized on the same inputs)"
+)
 
 
 def _key(x) -> tuple:
@@ -63,18 +74,21 @@ def grouped(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo]):
   """`(leaves, outputs)` with `group_kind` set as `jax.jit` keys donations
   (`mlir._set_up_aliases`): by memory kind only when every argument and result has one.
 
-  >>> leaf = LeafInfo("a", (4,), "float32", 16, "cpu:0", None, DEVICE, "ArrayImpl")
+  >>> leaf = LeafInfo("a", (4,), "float32", 16, "cpu:0", None, Kind.DEVICE, "ArrayImpl")
   >>> grouped([leaf], [OutputInfo("out", (4,), "float32", 16)])[0][0].group_kind is None
   True
   """
   if any(o.sharding_obj is None for o in outputs):  # an output without one: no memory kind
     return list(leaves), list(outputs)
-  kinds = [getattr(x.sharding_obj, "memory_kind", None) for x in (*leaves, *outputs)]
+  both: list[Any] = [*leaves, *outputs]
+  kinds = [getattr(x.sharding_obj, "memory_kind", None) for x in both]
   if any(k is None for k in kinds) or len(set(kinds)) == 1:
     return list(leaves), list(outputs)  # one memory kind everywhere: it separates nothing
   n = len(leaves)
-  return ([dataclasses.replace(l, group_kind=k) for l, k in zip(leaves, kinds[:n])],
-          [dataclasses.replace(o, group_kind=k) for o, k in zip(outputs, kinds[n:])])
+  return (
+    [dataclasses.replace(leaf, group_kind=k) for leaf, k in zip(leaves, kinds[:n])],
+    [dataclasses.replace(o, group_kind=k) for o, k in zip(outputs, kinds[n:])],
+  )
 
 
 def _size(x) -> int:
@@ -105,38 +119,54 @@ def _compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
     return False
 
 
-def _check(leaves: Sequence[LeafInfo], flow: _dataflow.Dataflow,
-           outputs: Sequence[OutputInfo]) -> list[str]:
+def _check(
+  leaves: Sequence[LeafInfo], flow: _dataflow.Dataflow, outputs: Sequence[OutputInfo]
+) -> list[str]:
   problems = []
   for a in flow.annotations:
     if a.kind == Request.ALIAS and a.origin is not None and a.dst_origin is not None:
-      problems.append(_errors.message(
+      problems.append(
+        _errors.message(
           f"alias at {a.where} aliases two inputs to each other: {leaves[a.origin].path} "
-          f"and {leaves[a.dst_origin].path}", fix="alias an input to a value computed from it"))
+          f"and {leaves[a.dst_origin].path}",
+          fix="alias an input to a value computed from it",
+        )
+      )
   into: dict[int, list[int]] = collections.defaultdict(list)
   for j in range(len(outputs)):
     for i in flow.out_explicit[j]:
       into[i].append(j)
   for i, outs in into.items():
     if len(outs) > 1:
-      problems.append(_errors.message(
-          "alias of one source into two outputs", path=leaves[i].path,
+      problems.append(
+        _errors.message(
+          "alias of one source into two outputs",
+          path=leaves[i].path,
           expected="one output per aliased buffer",
-          got=", ".join(outputs[j].path for j in outs), fix="alias the buffer into one output only"))
+          got=", ".join(outputs[j].path for j in outs),
+          fix="alias the buffer into one output only",
+        )
+      )
   return problems
 
 
-def _requests(requested: dict[int, Request], flow: _dataflow.Dataflow,
-              adopt_inner: bool) -> tuple[dict, list, dict]:
+def _requests(
+  requested: dict[int, Request], flow: _dataflow.Dataflow, adopt_inner: bool
+) -> tuple[dict, list, dict]:
   """Adds annotations to the requests. Returns ({leaf: (request, where)}, notes, {leaf: ignored
   inner donation})."""
-  sources = {i: (Request(r), None) for i, r in requested.items()}
-  notes, ignored = [], {}
+  sources: dict[int, tuple[Request, str | None]] = {
+    i: (Request(r), None) for i, r in requested.items()
+  }
+  notes: list[str] = []
+  ignored: dict[int, str] = {}
   for a in flow.annotations:
     kind = Request(a.kind)
     if a.origin is None:
-      notes.append(f"{kind.label} at {a.where} had no effect: the value is an intermediate or a "
-                   "constant, not an input buffer (XLA already reuses intermediates)")
+      notes.append(
+        f"{kind.label} at {a.where} had no effect: the value is an intermediate or a "
+        "constant, not an input buffer (XLA already reuses intermediates)"
+      )
     elif kind == Request.INNER_JIT and not adopt_inner:
       if a.origin not in sources:
         ignored.setdefault(a.origin, a.where)
@@ -146,9 +176,11 @@ def _requests(requested: dict[int, Request], flow: _dataflow.Dataflow,
     if i in sources:
       del ignored[i]
   if ignored:
-    notes.append(f"inner jax.jit donation ignored for {len(ignored)} input(s) the caller did not "
-                 "donate (jax.jit ignores it too); donate.jit(..., adopt_inner_donation=True) "
-                 "adopts it")
+    notes.append(
+      f"inner jax.jit donation ignored for {len(ignored)} input(s) the caller did not "
+      "donate (jax.jit ignores it too); donate.jit(..., adopt_inner_donation=True) "
+      "adopts it"
+    )
   return sources, notes, ignored
 
 
@@ -158,11 +190,11 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
   A linked input that an operation depending on the output still reads cannot host it
   (`Dataflow.blocked`: XLA would copy it); among equally strong links, an input that dies into
   the output comes first. The same matching as sorting every compatible (leaf, output) pair by
-  (-strength, not dying, output, leaf) and taking each pair whose leaf and output are both free, in time near-linear in the leaves and
-  outputs: linked pairs come from the dataflow (few per output), and the unlinked rest pairs
-  each output, in order, with the first free donated leaf of its key. With `xla_decides` (several
-  devices, an output sharding not given) an output with no dataflow link to a leaf is left to
-  XLA: its sharding is only known after partitioning.
+  (-strength, not dying, output, leaf) and taking each pair whose leaf and output are both free,
+  in time near-linear in the leaves and outputs: linked pairs come from the dataflow (few per
+  output), and the unlinked rest pairs each output, in order, with the first free donated leaf of
+  its key. With `xla_decides` (several devices, an output sharding not given) an output with no
+  dataflow link to a leaf is left to XLA: its sharding is only known after partitioning.
   """
   donated_set = set(donated)
   candidates = []
@@ -170,8 +202,8 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     sources = flow.out_sources[j]
     if flow.out_explicit[j]:
       sources = {**sources, **dict.fromkeys(flow.out_explicit[j], _dataflow.EXPLICIT)}
-    candidates.append([(i, s) for i, s in sources.items()
-                       if s > 0 and i in donated_set and _compatible(leaves[i], out)])
+    ok = [(i, s) for i, s in sources.items() if s > 0 and i in donated_set]
+    candidates.append([(i, s) for i, s in ok if _compatible(leaves[i], out)])
   links = collections.Counter(i for c in candidates for i, _ in c)
   linked = []
   for j, found in enumerate(candidates):
@@ -195,8 +227,14 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     queue = free.get(_key(out))
     if j in taken or not queue or (xla_decides and out.sharding_obj is None):
       continue
-    k = next((k for k, i in enumerate(queue)
-              if _compatible(leaves[i], out) and (len(queue) == 1 or flow.can_host(i, j))), None)
+    k = next(
+      (
+        k
+        for k, i in enumerate(queue)
+        if _compatible(leaves[i], out) and (len(queue) == 1 or flow.can_host(i, j))
+      ),
+      None,
+    )
     if k is not None:
       pairs[queue.pop(k)] = (j, 0)
       taken.add(j)
@@ -214,12 +252,13 @@ def _first_come(leaves, outputs, donated, flow):
   return pairs
 
 
-def fcfs_pairs(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo],
-               donated: Sequence[int]) -> dict[int, int]:
+def fcfs_pairs(
+  leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo], donated: Sequence[int]
+) -> dict[int, int]:
   """What `jax.jit` pairs on one device: each output, in order, takes the first donated input of
   its shape and dtype not yet taken. Returns {leaf: output}.
 
-  >>> leaf = lambda p: LeafInfo(p, (4,), "float32", 16, "cpu:0", None, DEVICE, "ArrayImpl")
+  >>> leaf = lambda p: LeafInfo(p, (4,), "float32", 16, "cpu:0", None, Kind.DEVICE, "ArrayImpl")
   >>> out = lambda p: OutputInfo(p, (4,), "float32", 16)
   >>> fcfs_pairs([leaf("a"), leaf("b")], [out("out[0]"), out("out[1]")], [0, 1])
   {0: 0, 1: 1}
@@ -245,7 +284,7 @@ def _donors(leaves, outputs, donated, pairs, xla_decides: bool = False) -> dict[
   """
   if xla_decides:
     return {i: None for i in donated if i not in pairs}
-  free = collections.defaultdict(collections.deque)
+  free: collections.defaultdict[Any, collections.deque] = collections.defaultdict(collections.deque)
   paired_outs = {j for j, _ in pairs.values()}
   for j, o in enumerate(outputs):
     if j not in paired_outs:
@@ -270,25 +309,26 @@ def _unusable_reason(leaf, outputs, pairs, leaves) -> tuple[Cause, str]:
     usable = [j for j in same if _compatible(leaf, outputs[j])]
     if not usable:
       o = outputs[same[0]]
-      return Cause.SHARDING_DIFFERS, (f"not usable: sharding differs (in "
-                                      f"{sharding_text(leaf.sharding_obj)}, out "
-                                      f"{sharding_text(o.sharding_obj)})")
+      inside, outside = sharding_text(leaf.sharding_obj), sharding_text(o.sharding_obj)
+      return Cause.SHARDING_DIFFERS, f"not usable: sharding differs (in {inside}, out {outside})"
     j = usable[0]
-    return Cause.OUTPUT_TAKEN, (f"output {outputs[j].path} has its shape and dtype but already "
-                                f"reuses {leaves[taken[j]].path}")
+    return Cause.OUTPUT_TAKEN, (
+      f"output {outputs[j].path} has its shape and dtype but already reuses {leaves[taken[j]].path}"
+    )
   if not outputs:
     return Cause.NO_OUTPUTS, "the function has no outputs"
 
   def distance(o):
     return (o.dtype != leaf.dtype, _byte_distance(o.nbytes, leaf.nbytes), o.shape != leaf.shape)
+
   o = min(outputs, key=distance)
   fields = []
   if o.shape != leaf.shape:
     fields.append(f"shape {shape_text(o.shape)} vs {shape_text(leaf.shape)}")
   if o.dtype != leaf.dtype:
     fields.append(f"dtype {o.dtype} vs {leaf.dtype}")
-  return (Cause.NO_MATCHING_OUTPUT,
-          f"no output of its shape and dtype; nearest is {o.path}: " + ", ".join(fields))
+  nearest = f"no output of its shape and dtype; nearest is {o.path}: "
+  return Cause.NO_MATCHING_OUTPUT, nearest + ", ".join(fields)
 
 
 def _byte_distance(a, b) -> int | float:
@@ -314,15 +354,19 @@ def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -
     action, cause, reason = Action.KEPT, Cause.NOT_REQUESTED, "not donated"
     if i in ignored:
       cause = Cause.INNER_JIT_IGNORED
-      reason = (f"not donated: inner jax.jit donation at {ignored[i]} ignored (the caller did "
-                "not donate this argument)")
+      reason = (
+        f"not donated: inner jax.jit donation at {ignored[i]} ignored (the caller did "
+        "not donate this argument)"
+      )
   elif leaf.kind == Kind.HOST:
     action, cause = Action.KEPT, Cause.NOT_A_DEVICE_BUFFER
     reason = f"{NOT_A_DEVICE_BUFFER} ({leaf.type_name})"
   elif not used:
     action, cause = Action.UNUSED, Cause.UNUSED
-    reason = ("the computation does not read it; it stays alive, as in jax.jit "
-              "(keep_unused=True donates it)")
+    reason = (
+      "the computation does not read it; it stays alive, as in jax.jit "
+      "(keep_unused=True donates it)"
+    )
   elif i in pairs:
     j, strength = pairs[i]
     action, out, (cause, reason) = Action.ALIASED, outputs[j].path, _STRENGTH[strength]
@@ -331,8 +375,9 @@ def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -
     reason = "a buffer donor: XLA pairs it with an output after partitioning"
   elif i in donor_out:
     action, cause = Action.DONOR, Cause.SAME_SIZE
-    reason = ("no free output of its shape and dtype; XLA may reuse it for "
-              f"{outputs[donor_out[i]].path}")
+    reason = (
+      f"no free output of its shape and dtype; XLA may reuse it for {outputs[donor_out[i]].path}"
+    )
   else:
     action = Action.UNUSABLE
     cause, reason = _unusable_reason(leaf, outputs, pairs, leaves)
@@ -348,16 +393,16 @@ def _with_refs(decisions, leaves, outputs, used, donated, xla_decides: bool, dis
   size is still free after `jax.jit`'s own pairs (XLA then rejects the program, as under
   `jax.jit`), else an unusable donation.
   """
-  refs = [i for i, l in enumerate(leaves) if l.kind == Kind.REF]
+  refs = [i for i, leaf in enumerate(leaves) if leaf.kind == Kind.REF]
   if not refs:
     return decisions
-  rejected = set() if disabled else _ref_donors(leaves, outputs, donated, xla_decides,
-                                                [i for i in refs if decisions[i].requested])
+  asked = [i for i in refs if decisions[i].requested]
+  rejected = set() if disabled else _ref_donors(leaves, outputs, donated, xla_decides, asked)
   out = list(decisions)
   for i in refs:
     d = out[i]
-    action, cause, reason = ((Action.REF, Cause.WRITTEN_BACK, WRITTEN_BACK) if used[i] else
-                             (Action.REF, Cause.REF_UNUSED, "ref: the computation does not use it"))
+    unused = (Action.REF, Cause.REF_UNUSED, "ref: the computation does not use it")
+    action, cause, reason = (Action.REF, Cause.WRITTEN_BACK, WRITTEN_BACK) if used[i] else unused
     if d.requested and used[i] and not disabled and i in rejected:
       cause = Cause.REF_OFFERED_AS_DONOR
       reason += "; jax.jit offers it to XLA as a donor too, which XLA rejects"
@@ -392,11 +437,19 @@ def _disabled(leaf, source) -> LeafDecision:
   return LeafDecision(leaf, request, where, Action.KEPT, None, Cause.JAX_DEBUG_NANS, JAX_DISABLED)
 
 
-def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo],
-              requested: dict[int, Request], flow: _dataflow.Dataflow, *,
-              keep_unused: bool = False, adopt_inner: bool = False,
-              xla_decides: bool = False, first_come: str = "",
-              disabled: bool = False) -> DonationPlan:
+def make_plan(
+  function: str,
+  leaves: Sequence[LeafInfo],
+  outputs: Sequence[OutputInfo],
+  requested: dict[int, Request],
+  flow: _dataflow.Dataflow,
+  *,
+  keep_unused: bool = False,
+  adopt_inner: bool = False,
+  xla_decides: bool = False,
+  first_come: str = "",
+  disabled: bool = False,
+) -> DonationPlan:
   """Decides every input leaf; raises one DonationError listing every misuse found.
 
   Args:
@@ -421,22 +474,27 @@ def make_plan(function: str, leaves: Sequence[LeafInfo], outputs: Sequence[Outpu
   if problems:
     raise _errors.DonationError("\n".join(problems))
   # jax.jit prunes no input of a program with symbolic shapes: each one stays in the module.
-  keep_unused = keep_unused or any(is_symbolic(d) for shape in {l.shape for l in leaves}
-                                   for d in shape)
+  keep_unused = keep_unused or any(
+    is_symbolic(d) for shape in {leaf.shape for leaf in leaves} for d in shape
+  )
   used = [keep_unused or u for u in flow.used]
   donated = [] if disabled else [i for i in sorted(sources) if used[i] and leaves[i].is_array]
   pairs = _pair(leaves, outputs, donated, flow, xla_decides)
   if first_come:
     pairs = _first_come(leaves, outputs, donated, flow)
-    notes.append(f"dataflow pairing not applied: {first_come}; outputs reuse donated buffers "
-                 "first come, first served")
+    notes.append(
+      f"dataflow pairing not applied: {first_come}; outputs reuse donated buffers "
+      "first come, first served"
+    )
   explicit = set().union(*flow.out_explicit) if flow.out_explicit else set()
-  donor_out = _donors(leaves, outputs, [i for i in donated if i not in explicit], pairs,
-                      xla_decides)
+  rest = [i for i in donated if i not in explicit]
+  donor_out = _donors(leaves, outputs, rest, pairs, xla_decides)
   layout = _layout(pairs, donor_out)
   decisions = tuple(
-      _disabled(leaf, sources[i]) if disabled and sources.get(i) and leaf.is_array
-      else _decide(i, leaf, sources.get(i), used[i], pairs, donor_out, outputs, leaves,
-                   ignored) for i, leaf in enumerate(leaves))
+    _disabled(leaf, sources[i])
+    if disabled and sources.get(i) and leaf.is_array
+    else _decide(i, leaf, sources.get(i), used[i], pairs, donor_out, outputs, leaves, ignored)
+    for i, leaf in enumerate(leaves)
+  )
   decisions = _with_refs(decisions, leaves, outputs, used, donated, xla_decides, bool(disabled))
   return DonationPlan(function, decisions, tuple(outputs), tuple(notes), layout)
