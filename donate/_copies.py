@@ -27,9 +27,7 @@ from __future__ import annotations
 import dataclasses
 import html
 
-from donate import _copies_why
-from donate import _errors
-from donate import _hlo
+from donate import _copies_why, _errors, _hlo
 from donate._text import format_bytes
 
 PASS_THROUGH = frozenset({"copy", "bitcast", "copy-start", "copy-done"})
@@ -48,6 +46,7 @@ class Loop:
     trip_count: iterations per execution, when XLA knows it (`known_trip_count`).
     kind: "scan" or "while_loop" when the jaxpr was given, else "loop".
   """
+
   name: str
   line: str | None
   trip_count: int | None
@@ -77,6 +76,7 @@ class CopyRecord:
     reason: why XLA copies, in words.
     fix: a suggested fix, when one is known.
   """
+
   instruction: str
   opcode: str
   nbytes: int
@@ -113,6 +113,7 @@ class _Origin:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Slot:
   """A buffer that enters a computation and leaves it at the same place (carry k, alias)."""
+
   index: int | None  # tuple index in the computation's parameter and root (None: param/root)
   inputs: tuple[_hlo.Instruction, ...]  # instructions that are the incoming value
   path: tuple[_hlo.Instruction, ...]  # from the outgoing value back to the incoming one
@@ -175,7 +176,8 @@ class _Analysis:
 
   def origin(self, instr: _hlo.Instruction) -> _Origin:
     """Where the buffer `instr` holds comes from: input parameter, loop carries, or a producer."""
-    carries, index = [], ()
+    carries: list = []
+    index: tuple[int, ...] = ()
     for _ in range(10000):
       op = instr.opcode
       nxt = None
@@ -218,7 +220,7 @@ class _Analysis:
         names = [c for a, c in caller.called if a == "branch_computations"]
         return self.operand(caller, 1 + names.index(param.computation)), None
       return self.operand(caller, 1 if attr == "true_computation" else 2), None
-    if caller.opcode == "call":
+    if caller.opcode == "call" and n is not None:
       return self.operand(caller, n), None
     return None, None
 
@@ -235,11 +237,11 @@ class _Analysis:
 
   def carry_words(self, loop: Loop, shape: _hlo.Shape, k: int) -> str:
     state = self._states.get(loop.name)
-    same = [j for j, e in enumerate(state.elements or ()) if (e.dims, e.dtype) ==
-            (shape.dims, shape.dtype)] if state is not None else []
+    elements = (state.elements or ()) if state is not None else ()
+    same = [j for j, e in enumerate(elements) if (e.dims, e.dtype) == (shape.dims, shape.dtype)]
     rank = (same.index(k), len(same)) if k in same else None
-    name = (self.loops_info.carry_name(loop.line, shape, rank) if self.loops_info else None) \
-        or f"carry {k}"
+    info = self.loops_info
+    name = (info.carry_name(loop.line, shape, rank) if info else None) or f"carry {k}"
     return f"{name} of {loop.kind} at {loop.line or loop.name}"
 
   def path(self, param: int) -> str:
@@ -255,7 +257,7 @@ def inplace_operand(module: _hlo.Module, instr: _hlo.Instruction) -> int | None:
     return 0
   text = instr.attr("output_to_operand_aliasing") if instr.opcode == "custom-call" else None
   if text:
-    inner = text[text.find("(") + 1:text.find(",", text.find("("))]
+    inner = text[text.find("(") + 1 : text.find(",", text.find("("))]
     return int(inner) if inner.strip().isdigit() else None
   if instr.opcode not in ("fusion", "fusion-start"):
     return None
@@ -263,7 +265,7 @@ def inplace_operand(module: _hlo.Module, instr: _hlo.Instruction) -> int | None:
   if fused is None:
     return None
   root = fused.root
-  while root.opcode == "bitcast":
+  while root is not None and root.opcode == "bitcast":
     root = fused.get(root.operands[0])
   if root is None or root.opcode not in _UPDATES:
     return None
@@ -280,27 +282,29 @@ def _passes(instr: _hlo.Instruction) -> bool:
 
 def _slot(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction) -> _Slot | None:
   """The carry/alias slot of `comp` whose buffer `copy` belongs to, or None."""
-  out_index = _slot_index(a, comp, copy)
-  if out_index is None:
+  out_index, root = _slot_index(a, comp, copy), comp.root
+  if out_index is None or root is None:  # no root: a computation with no instructions
     return None
   kind, k = out_index
-  root = comp.root
+  ins = comp.instructions
   if kind == "entry":
     outs = a.m.aliases.get(k)
     if outs is None:
       return None
-    out = root if not outs else (a.m.computations[comp.name].get(root.operands[outs[0]])
-                                 if root.opcode == "tuple" else None)
-    inputs = tuple(i for i in comp.instructions if i.opcode == "parameter"
-                   and i.parameter_number == k)
+    out: _hlo.Instruction | None = root
+    if outs:
+      entry = a.m.computations[comp.name]
+      out = entry.get(root.operands[outs[0]]) if root.opcode == "tuple" else None
+    inputs = tuple(i for i in ins if i.opcode == "parameter" and i.parameter_number == k)
   else:
     out = comp.get(root.operands[k]) if root.opcode == "tuple" and k < len(root.operands) else None
-    inputs = tuple(i for i in comp.instructions if i.opcode == "get-tuple-element"
-                   and i.index == k
-                   and (p := comp.get(i.operands[0])) is not None and p.opcode == "parameter")
+    gtes = [i for i in ins if i.opcode == "get-tuple-element" and i.index == k]
+    sources = [(i, comp.get(i.operands[0])) for i in gtes]
+    inputs = tuple(i for i, p in sources if p is not None and p.opcode == "parameter")
   if out is None:
     return None
-  path, updaters, node = [], [], out
+  path, updaters = [], []
+  node: _hlo.Instruction | None = out
   while node is not None and node not in inputs:
     path.append(node)
     k_in = 0 if _passes(node) else inplace_operand(a.m, node)
@@ -316,7 +320,7 @@ def _slot(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction) -> _Slot
 
 def _slot_index(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction):
   """("entry", parameter) or ("tuple", k) for the slot a copy belongs to, from its operand side."""
-  node = copy
+  node: _hlo.Instruction | None = copy
   while node is not None and node.opcode in PASS_THROUGH:
     node = a.operand(node)
   if node is None:
@@ -349,8 +353,9 @@ def _entry_slot(a: _Analysis, out: int):
   return None
 
 
-def find_copies(compiled_hlo_text: str, *, in_paths: list[str] | None = None,
-                threshold: int = 65536, jaxpr=None) -> tuple[CopyRecord, ...]:
+def find_copies(
+  compiled_hlo_text: str, *, in_paths: list[str] | None = None, threshold: int = 65536, jaxpr=None
+) -> tuple[CopyRecord, ...]:
   """The copies of at least `threshold` bytes that XLA inserted into a compiled program.
 
   Args:
@@ -373,7 +378,7 @@ def find_copies(compiled_hlo_text: str, *, in_paths: list[str] | None = None,
       continue
     for instr in comp.instructions:
       if instr.opcode in COPIES:
-        shape = a.operand(instr).shape if instr.opcode == "copy-start" else instr.shape
+        shape = (a.operand(instr) or instr).shape if instr.opcode == "copy-start" else instr.shape
         if shape.elements is None and shape.nbytes >= threshold:
           records.append(_record(a, comp, instr, shape))
   return tuple(records)
@@ -384,30 +389,32 @@ def _ordered(module: _hlo.Module) -> list[_hlo.Computation]:
   return [module.entry] + [c for c in comps if c is not module.entry]
 
 
-def _record(a: _Analysis, comp: _hlo.Computation, instr: _hlo.Instruction,
-            shape: _hlo.Shape) -> CopyRecord:
+def _record(
+  a: _Analysis, comp: _hlo.Computation, instr: _hlo.Instruction, shape: _hlo.Shape
+) -> CopyRecord:
   loops, count = a.context(comp.name)
-  origin = a.origin(a.operand(instr))
+  origin = a.origin(a.operand(instr) or instr)
   slot = _slot(a, comp, instr)
   value = a.describe(origin, instr)
-  carry = origin.carries[0][1] if origin.carries and loops and \
-      origin.carries[0][0] is loops[-1] else None
+  first = origin.carries[0] if origin.carries and loops else None
+  carry = first[1] if first is not None and first[0] is loops[-1] else None
   callers = a.m.callers.get(comp.name, ())
-  if carry is None and slot is not None and slot.index is not None and callers \
-      and callers[0][0].opcode == "while" and loops:
+  in_loop = callers and callers[0][0].opcode == "while" and loops
+  if carry is None and slot is not None and slot.index is not None and in_loop:
     carry = slot.index  # the new carry value is made here: name the carry it becomes
     value = a.carry_words(loops[-1], shape, carry)
-  donated = ((origin.param is not None and origin.param in a.m.aliases) or bool(origin.carries)
-             or carry is not None) and _copies_why.layout_change(a, instr) is None
+  from_input = origin.param is not None and origin.param in a.m.aliases
+  kept = from_input or bool(origin.carries) or carry is not None
+  donated = kept and _copies_why.layout_change(a, instr) is None
   reason, lines, fix = _copies_why.explain(a, comp, instr, origin, slot, value)
   input_path = a.path(origin.param) if origin.param is not None else None
-  return CopyRecord(instr.name, instr.opcode, shape.nbytes, shape.dims, shape.dtype or "?",
-                    loops, count, value, input_path, carry, donated,
-                    tuple(dict.fromkeys(ln for ln in lines if ln)), reason, fix)
+  what = (instr.name, instr.opcode, shape.nbytes, shape.dims, shape.dtype or "?", loops, count)
+  where = tuple(dict.fromkeys(ln for ln in lines if ln))
+  return CopyRecord(*what, value, input_path, carry, donated, where, reason, fix)
 
 
 def how_often(record: CopyRecord) -> str:
-  """"once per call", or "8x per call: each iteration of scan at f.py:7 (8 iterations)"."""
+  """ "once per call", or "8x per call: each iteration of scan at f.py:7 (8 iterations)"."""
   if not record.loops:
     return "once per call"
   times = f"{record.count}x per call" if record.count is not None else "per iteration"
@@ -432,8 +439,8 @@ def format_copies(records: tuple[CopyRecord, ...], threshold: int = 65536) -> li
   if not records:
     return []
   known = [r.bytes_per_call for r in records if r.bytes_per_call is not None]
-  total = f", {format_bytes(sum(known))} copied per call" + (
-      " in known trip counts" if len(known) < len(records) else "")
+  partial = " in known trip counts" if len(known) < len(records) else ""
+  total = f", {format_bytes(sum(known))} copied per call{partial}"
   lines = [f"copies XLA added ({len(records)} of at least {format_bytes(threshold)}{total}):"]
   for r in records:
     lines.append(f"  {r.instruction}: {format_bytes(r.nbytes)} {_array(r)}, {how_often(r)}")
@@ -453,14 +460,16 @@ def copies_html(records: tuple[CopyRecord, ...]) -> str:
   esc = html.escape
   head = "".join(f"<th>{h}</th>" for h in ("copy", "bytes", "runs", "value", "why", "lines", "fix"))
   body = "".join(
-      f"<tr><td><code>{esc(r.instruction)}</code></td><td>{format_bytes(r.nbytes)} "
-      f"{esc(_array(r))}</td><td>{esc(how_often(r))}</td><td><code>{esc(r.value)}"
-      f"</code></td><td>{esc(r.reason)}</td><td>{'<br>'.join(map(esc, r.lines))}</td>"
-      f"<td>{esc(r.fix or '-')}</td></tr>" for r in records)
+    f"<tr><td><code>{esc(r.instruction)}</code></td><td>{format_bytes(r.nbytes)} "
+    f"{esc(_array(r))}</td><td>{esc(how_often(r))}</td><td><code>{esc(r.value)}"
+    f"</code></td><td>{esc(r.reason)}</td><td>{'<br>'.join(map(esc, r.lines))}</td>"
+    f"<td>{esc(r.fix or '-')}</td></tr>"
+    for r in records
+  )
   return f"<p><b>copies XLA added</b></p><table><tr>{head}</tr>{body}</table>"
 
 
-def strict_problems(records: tuple[CopyRecord, ...], function: str) -> list[str]:
+def strict_problems(records: tuple[CopyRecord, ...] | None, function: str) -> list[str]:
   """One message (the library's shape) per copied donated buffer or loop carry; for strict mode.
 
   >>> r = CopyRecord("copy.6", "copy", 4 << 20, (1 << 20,), "f32", (), 1, "buf", "buf", None,
@@ -471,15 +480,21 @@ got buf is read at f.py:4 after it is updated in place at f.py:3. Fix: change th
 lines named so that the buffer is not read after it is updated in place, or leave strict="copies" \
 off to accept the copy.
   """
-  return [_errors.message(
+  return [
+    _errors.message(
       f"{function}: XLA copies a {'loop carry' if r.loops else 'donated buffer'} "
-      f"({format_bytes(r.nbytes)}, {how_often(r)})", path=r.value, expected="no copy", got=r.reason,
-      fix=r.fix or "change the code at the lines named so that the buffer is not read after it "
-      "is updated in place, or leave strict=\"copies\" off to accept the copy")
-      for r in records if r.donated]
+      f"({format_bytes(r.nbytes)}, {how_often(r)})",
+      path=r.value,
+      expected="no copy",
+      got=r.reason,
+      fix=r.fix
+      or "change the code at the lines named so that the buffer is not read after it "
+      "is updated in place, or leave strict=\"copies\" off to accept the copy",
+    )
+    for r in records or ()
+    if r.donated
+  ]
 
 
 def _array(r: CopyRecord) -> str:
   return f"{r.dtype}[{','.join(map(str, r.shape))}]"
-
-
