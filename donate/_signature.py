@@ -29,24 +29,27 @@ import os
 import sys
 import threading
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from jax import tree_util
 
-from donate import _binding
-from donate import _compiled
-from donate import _copies
-from donate import _dataflow
-from donate import _errors
-from donate import _gate
-from donate import _options
-from donate import _pairing
-from donate import _route
-from donate import _donation_plan
-from donate import _symm
-from donate import _compat
-from donate import _text
+from donate import (
+  _binding,
+  _compat,
+  _compiled,
+  _copies,
+  _dataflow,
+  _donation_plan,
+  _errors,
+  _gate,
+  _options,
+  _pairing,
+  _route,
+  _symm,
+  _text,
+)
 from donate._decision_types import Action, Cause, Request
 from donate._primitives import remember_donate_jit
 from donate._text import format_bytes
@@ -55,6 +58,7 @@ from donate._text import format_bytes
 @dataclasses.dataclass(frozen=True, eq=False)
 class Function:
   """What every signature of one `donate.jit` function shares (no reference back to it)."""
+
   fun: Callable  # the user's function
   name: str  # its name in messages
   jitted: Callable  # the gate: jax.jit of the gated stand-in, with the user's keywords
@@ -66,6 +70,7 @@ class Function:
 @dataclasses.dataclass(eq=False)
 class Inner:
   """The replay of one signature's marked program: a `jax.jit` over the flat leaves."""
+
   jitted: Callable
   out_tree: Any
   out_order = None  # results come in the user's order
@@ -84,6 +89,7 @@ class Prepared:
   It holds no reference back to its `JitWrapped` (no cycle), so dropping the function frees
   everything at once, as dropping a `jax.jit` function does.
   """
+
   fn: Function
   call: _binding.Call  # the call's structure (its leaves are not kept)
   traced: Any  # jax.stages.Traced of the gate
@@ -118,7 +124,7 @@ class Prepared:
         return self.compiled(*args, **kwargs)
       except (TypeError, ValueError):  # another signature: JAX checks before running anything
         raise _gate.Replan() from None
-    if self.native:
+    if self.native or self.inner is None:  # inner is None exactly when native
       return self.fn.jitted(*args, **kwargs)
     return self.inner(leaves)
 
@@ -156,8 +162,8 @@ class Prepared:
     managed = {i for i, d in enumerate(plan.decisions) if d.requested and d.action in _PLANNED}
     donors = {i for i, d in enumerate(plan.decisions) if d.action == Action.DONOR}
     pairs = plan.pairs()
-    pinned = {i for i in pairs if self.in_shardings[i] is not None
-              and _route.num_devices(self.in_shardings[i]) > 1}
+    sh = self.in_shardings
+    pinned = {i for i in pairs if sh[i] is not None and _route.num_devices(sh[i]) > 1}
     return _compat.lowered_with_aliases(jax_lowered, n_traced, managed, pairs, donors, pinned)
 
   def checked_lowering(self, lower: Callable[[], Any], warn: bool = True):
@@ -171,12 +177,17 @@ class Prepared:
       warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
       lowered = lower()
     if warn and self.plan.unusable:
-      warnings.warn(self.plan.explain_unusable(), _errors.UnusableDonationWarning,
-                    stacklevel=_user_stacklevel())
+      _warn_unusable(self.plan.explain_unusable())
     return lowered
 
-  def compile(self, call: _binding.Call, compiler_options=None, device_assignment=None,
-              with_copies: bool = True, with_profile: bool = False):
+  def compile(
+    self,
+    call: _binding.Call,
+    compiler_options=None,
+    device_assignment=None,
+    with_copies: bool = True,
+    with_profile: bool = False,
+  ):
     """`(compiled, plan)`: compiles and folds the compiled aliases into the plan (the copies XLA
     added too, unless `with_copies=False` and the function is not strict about them; the memory
     profile, which names the donations that left the peak high, with `with_profile` or
@@ -190,35 +201,34 @@ class Prepared:
         if with_copies and self.plan.copies is None:
           self.plan = _compiled.details(self, self.compiled, self.plan)
         if with_profile and self.plan.profile is None:
-          self.plan = _compiled.with_profile(self, lowered, self.plan, call=call,
-                                             compiled=self.compiled)
+          self.plan = _compiled.with_profile(
+            self, lowered, self.plan, call=call, compiled=self.compiled
+          )
         return self.compiled, self.plan
-      kwargs = {}
-      if compiler_options is not None:
-        kwargs["compiler_options"] = compiler_options
-      if device_assignment is not None:
-        kwargs["device_assignment"] = device_assignment
+      given = {"compiler_options": compiler_options, "device_assignment": device_assignment}
+      kwargs = {k: v for k, v in given.items() if v is not None}
       compiled = lowered.compile(**kwargs)
       options = self.fn.options
-      plan = _compiled.realize(self, lowered, compiled, options.copy_threshold,
-                               with_copies or bool(kwargs))
+      copies = with_copies or bool(kwargs)
+      plan = _compiled.realize(self, lowered, compiled, options.copy_threshold, copies)
       if self.realiased and not kwargs and self.compiled is None:
-        lowered, compiled, plan = self._lower_peak_of_two(lowered, compiled, plan, with_copies)
+        lowered, compiled, plan = _lower_peak_of_two(self, lowered, compiled, plan, with_copies)
       explicit = [d for d in plan.unusable if d.request == Request.ALIAS]
       if explicit or (options.strict_unusable and len(plan.unusable) > len(self.plan.unusable)):
         raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
-      late = [d for d, was in zip(plan.decisions, self.plan.decisions)
-              if d.action == Action.UNUSABLE and was.action == Action.ALIASED]
+      pairs = zip(plan.decisions, self.plan.decisions)
+      late = [d for d, was in pairs if d.action == Action.UNUSABLE and was.action == Action.ALIASED]
       if late and self.compiled is None:
         # Planned aliases the compiled program does not have: said once per compile, as lower
         # says the unusable donations it foresaw (a donor XLA did not reuse is silent, as in
         # jax.jit).
-        warnings.warn(plan.explain_unusable(late), _errors.UnusableDonationWarning,
-                      stacklevel=_user_stacklevel())
+        _warn_unusable(plan.explain_unusable(late))
       if with_profile:
         plan = _compiled.with_profile(self, lowered, plan, compiler_options, call, compiled)
-      copied = (_copies.strict_problems(plan.copies, self.fn.name)
-                + _compiled.peak_problems(plan, self.fn.name)) if options.strict_copies else []
+      copied: list[str] = []
+      if options.strict_copies:
+        name = self.fn.name
+        copied = _copies.strict_problems(plan.copies, name) + _compiled.peak_problems(plan, name)
       if copied:
         raise _errors.DonationError("\n".join(copied))
       if plan.placements is not None:
@@ -226,36 +236,6 @@ class Prepared:
       if not kwargs:
         self.compiled, self.plan = compiled, plan
       return compiled, plan
-
-  def _lower_peak_of_two(self, lowered, compiled, plan, with_copies: bool):
-    """Where XLA copies a donated buffer of the re-paired program anyway, `jax.jit`'s own
-    first-come program is compiled too and the one with the lower peak kept (once per
-    signature); the plan says which, and why."""
-    threshold = self.fn.options.copy_threshold
-    copies = plan.copies if plan.copies is not None else _compiled.copies_of(
-        self, compiled, threshold)
-    consumed = {d.path for d in plan.decisions if d.consumed}
-    copied = sorted({c.input_path for c in copies if c.input_path in consumed})
-    if not copied or self.first_come is None:
-      return lowered, compiled, plan
-    with self.fn.gate, warnings.catch_warnings():
-      warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
-      theirs_lowered = self.traced.lower()
-    theirs = theirs_lowered.compile()
-    ours_peak = _donation_plan.MemoryStats.from_compiled(compiled)
-    theirs_peak = _donation_plan.MemoryStats.from_compiled(theirs)
-    if ours_peak is None or theirs_peak is None:
-      return lowered, compiled, plan
-    why = (f"XLA copies {', '.join(copied)} in the re-paired program: peak "
-           f"{format_bytes(ours_peak.peak)}, first come, first served "
-           f"{format_bytes(theirs_peak.peak)}")
-    if ours_peak.peak < theirs_peak.peak:
-      return lowered, compiled, dataclasses.replace(
-          plan, notes=plan.notes + (why + "; the re-paired program is kept",))
-    self.plan = self.first_come(why + "; jax.jit's own is kept")
-    self.realiased, self.lowered = False, theirs_lowered
-    return theirs_lowered, theirs, _compiled.realize(self, theirs_lowered, theirs, threshold,
-                                                     with_copies)
 
   def check_duplicates(self, call: _binding.Call, plan: _donation_plan.DonationPlan | None = None):
     """The same buffer twice where one is donated: raise before dispatch, naming both leaves."""
@@ -269,17 +249,56 @@ class Prepared:
         j = seen.setdefault(id(x), i)
         if j != i and (i in consumed or j in consumed):
           d = plan.decisions
-          raise _errors.DonationRuntimeError(_errors.message(
-              f"the same array is passed twice to {self.fn.name}, once as {d[j].path} and "
-              f"once as {d[i].path}, and at least one is donated", expected="distinct buffers",
-              got="one buffer in two places",
-              fix="pass a copy (x.copy()) in one place or do not donate it"))
+          problem = _errors.message(
+            f"the same array is passed twice to {self.fn.name}, once as {d[j].path} and "
+            f"once as {d[i].path}, and at least one is donated",
+            expected="distinct buffers",
+            got="one buffer in two places",
+            fix="pass a copy (x.copy()) in one place or do not donate it",
+          )
+          raise _errors.DonationRuntimeError(problem)
+
+
+def _lower_peak_of_two(prep: Prepared, lowered, compiled, plan, with_copies: bool):
+  """Where XLA copies a donated buffer of the re-paired program anyway, `jax.jit`'s own
+  first-come program is compiled too and the one with the lower peak kept (once per
+  signature); the plan says which, and why."""
+  threshold = prep.fn.options.copy_threshold
+  copies = (
+    plan.copies if plan.copies is not None else _compiled.copies_of(prep, compiled, threshold)
+  )
+  consumed = {d.path for d in plan.decisions if d.consumed}
+  copied = sorted({c.input_path for c in copies if c.input_path in consumed})
+  if not copied or prep.first_come is None:
+    return lowered, compiled, plan
+  with prep.fn.gate, warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
+    theirs_lowered = prep.traced.lower()
+  theirs = theirs_lowered.compile()
+  ours_peak = _donation_plan.MemoryStats.from_compiled(compiled)
+  theirs_peak = _donation_plan.MemoryStats.from_compiled(theirs)
+  if ours_peak is None or theirs_peak is None:
+    return lowered, compiled, plan
+  mine, fcfs = format_bytes(ours_peak.peak), format_bytes(theirs_peak.peak)
+  why = f"XLA copies {', '.join(copied)} in the re-paired program: peak {mine}, first come, "
+  why += f"first served {fcfs}"
+  if ours_peak.peak < theirs_peak.peak:
+    note = why + "; the re-paired program is kept"
+    return lowered, compiled, dataclasses.replace(plan, notes=plan.notes + (note,))
+  prep.plan = prep.first_come(why + "; jax.jit's own is kept")
+  prep.realiased, prep.lowered = False, theirs_lowered
+  realized = _compiled.realize(prep, theirs_lowered, theirs, threshold, with_copies)
+  return theirs_lowered, theirs, realized
 
 
 def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   """Plans one traced signature and builds what runs it; lowers and compiles nothing."""
   with _collector_paused():
     return _prepare(fn, call, traced)
+
+
+def _warn_unusable(text: str) -> None:
+  warnings.warn(text, _errors.UnusableDonationWarning, stacklevel=_user_stacklevel())
 
 
 @contextlib.contextmanager
@@ -313,34 +332,49 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides)
   policy, gpu_options = None, {}
   if comm:  # values marked for symmetric memory: placed when the program compiles for GPUs
-    platform = _symm.target_platform([l.sharding_obj for l in leaves]
-                                     + [o.sharding_obj for o in outputs], jax.default_backend())
+    platform = _symm.target_platform(
+      [leaf.sharding_obj for leaf in leaves] + [o.sharding_obj for o in outputs],
+      jax.default_backend(),
+    )
     policy = _symm.placement_policy(platform, comm, enabled=fn.options.symmetric_placement)
     gpu_options = dict(policy.options)
-  if gpu_options:
+  if gpu_options and policy is not None:  # gpu_options come from the policy
     plan = dataclasses.replace(plan, notes=plan.notes + policy.placed_too)
-  replay = marked is not closed or bool(gpu_options) or (
-      xla_decides and _route.refs_beside_donors(plan, leaves, closed))
-  native = not replay and _route.is_native(fn.options, plan, leaves, outputs, requested, flow,
-                                           xla_decides)
-  why = _route.first_come_only(fn.options, plan, leaves, requested, flow, has_layouts, n_consts,
-                               replay, native)
+  replay = marked is not closed or bool(gpu_options)
+  replay = replay or (xla_decides and _route.refs_beside_donors(plan, leaves, closed))
+  native = not replay and _route.is_native(
+    fn.options, plan, leaves, outputs, requested, flow, xla_decides
+  )
+  why = _route.first_come_only(
+    fn.options, plan, leaves, requested, flow, has_layouts, n_consts, replay, native
+  )
   if why == _route.SAME_PAIRS:
     native = True
   elif why:
-    plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides,
-                            first_come=why)
+    plan, comm = _make_plan(
+      fn, leaves, outputs, requested, flow, marked, xla_decides, first_come=why
+    )
     native, replay = True, False
   inner = _inner(fn, marked, plan, traced, leaves, in_sh, out_sh, gpu_options) if replay else None
   structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
   realiased = not (native or replay)
 
   def first_come(why: str):
-    return _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides,
-                      first_come=why)[0]
-  return Prepared(fn, structure, traced, plan, not replay, inner, realiased=realiased,
-                  first_come=first_come if realiased else None, in_shardings=tuple(in_sh),
-                  comm=tuple(comm), placement=policy if gpu_options else None)
+    return _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides, first_come=why)[0]
+
+  return Prepared(
+    fn,
+    structure,
+    traced,
+    plan,
+    not replay,
+    inner,
+    realiased=realiased,
+    first_come=first_come if realiased else None,
+    in_shardings=tuple(in_sh),
+    comm=tuple(comm),
+    placement=policy if gpu_options else None,
+  )
 
 
 def _arguments(fn: Function, call: _binding.Call, traced):
@@ -348,13 +382,19 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   paths = fn.binding.paths(call)
   leaves = _binding.leaf_infos(paths, call.leaves)
   in_sh, out_sh, has_layouts = _compat.traced_flat_shardings(traced)
-  leaves = [dataclasses.replace(l, sharding_obj=s) if l.sharding_obj is None and s is not None
-            else l for l, s in zip(leaves, in_sh)]
+  leaves = [
+    dataclasses.replace(leaf, sharding_obj=s)
+    if leaf.sharding_obj is None and s is not None
+    else leaf
+    for leaf, s in zip(leaves, in_sh)
+  ]
   # The output tree rebuilt from the traced avals (as JAX rebuilds it from tracers): a pytree
   # class that checks its children when built sees arrays, never stand-ins.
-  out_paths = ["out" + "".join(map(str, kp)) for kp, _ in tree_util.tree_flatten_with_path(
-      tree_util.tree_unflatten(traced.out_tree, list(traced.jaxpr.out_avals)))[0]]
-  facts: dict[tuple, tuple] = {}  # (shape, dtype) -> the output's facts, read once per call
+  out_tree = tree_util.tree_unflatten(traced.out_tree, list(traced.jaxpr.out_avals))
+  flat = tree_util.tree_flatten_with_path(out_tree)[0]
+  out_paths = ["out" + "".join(map(str, kp)) for kp, _ in flat]
+  # (shape, dtype) -> the output's facts, read once per call
+  facts: dict[tuple, tuple[tuple[int, ...], str, int]] = {}
   outputs = []
   for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh):
     if not hasattr(a, "shape"):
@@ -363,38 +403,54 @@ def _arguments(fn: Function, call: _binding.Call, traced):
     key = (a.shape, a.dtype)
     fact = facts.get(key)
     if fact is None:
-      fact = facts[key] = (tuple(a.shape), _text.dtype_name(a.dtype),
-                           _binding.aval_nbytes(a))
+      fact = facts[key] = (tuple(a.shape), _text.dtype_name(a.dtype), _binding.aval_nbytes(a))
     outputs.append(_donation_plan.OutputInfo(p, *fact, s))
   return leaves, outputs, in_sh, out_sh, has_layouts
 
 
-def _make_plan(fn: Function, leaves, outputs, requested, flow, marked, xla_decides: bool,
-               first_come: str = ""):
+def _make_plan(
+  fn: Function, leaves, outputs, requested, flow, marked, xla_decides: bool, first_come: str = ""
+):
   """The donation plan, with the symmetric-memory notes; `strict` rejects host leaves here.
 
   `first_come` (why only `jax.jit`'s own lowering can run this call): pair as `jax.jit` does.
   """
   options = fn.options
-  plan = _pairing.make_plan(fn.name, leaves, outputs, requested, flow,
-                            keep_unused=options.keep_unused, adopt_inner=options.adopt_inner,
-                            xla_decides=xla_decides, first_come=first_come,
-                            disabled=bool(jax.config.jax_debug_nans))
+  plan = _pairing.make_plan(
+    fn.name,
+    leaves,
+    outputs,
+    requested,
+    flow,
+    keep_unused=options.keep_unused,
+    adopt_inner=options.adopt_inner,
+    xla_decides=xla_decides,
+    first_come=first_come,
+    disabled=bool(jax.config.jax_debug_nans),  # type: ignore[attr-defined]  # set at run time
+  )
   comm = _symm.comm_buffers(marked)
   if comm:
     plan = dataclasses.replace(
-        plan, notes=plan.notes + tuple(_symm.comm_buffer_report(comm)),
-        collective_memory_bytes=_symm.collective_memory_bytes(comm))
-  if options.strict_unusable and any(d.cause == Cause.NOT_A_DEVICE_BUFFER
-                                     for d in plan.decisions if d.requested):
+      plan,
+      notes=plan.notes + tuple(_symm.comm_buffer_report(comm)),
+      collective_memory_bytes=_symm.collective_memory_bytes(comm),
+    )
+  if options.strict_unusable and any(
+    d.cause == Cause.NOT_A_DEVICE_BUFFER for d in plan.decisions if d.requested
+  ):
     raise _errors.DonationError(plan.explain_host())
-  disabled = options.strict_unusable and [d.path for d in plan.decisions
-                                           if d.requested and d.cause == Cause.JAX_DEBUG_NANS]
+  disabled = options.strict_unusable and [
+    d.path for d in plan.decisions if d.requested and d.cause == Cause.JAX_DEBUG_NANS
+  ]
   if disabled:
-    raise _errors.DonationError(_errors.message(
+    raise _errors.DonationError(
+      _errors.message(
         f"{fn.name}: strict mode, and JAX donates nothing while jax_debug_nans is on",
-        expected="donation of " + ", ".join(disabled), got="jax_debug_nans=True",
-        fix="turn jax_debug_nans off to donate, or drop strict=True while debugging NaNs"))
+        expected="donation of " + ", ".join(disabled),
+        got="jax_debug_nans=True",
+        fix="turn jax_debug_nans off to donate, or drop strict=True while debugging NaNs",
+      )
+    )
   return plan, comm
 
 
@@ -414,8 +470,8 @@ def _inner(fn: Function, closed, plan, traced, leaves, in_sh, out_sh, gpu_option
     return list(jax.core.eval_jaxpr(jaxpr, consts, *leaves))
 
   replay.__name__ = replay.__qualname__ = getattr(fn.fun, "__name__", "fun")
-  kwargs = {k: v for k, v in fn.options.jit_kwargs.items()
-            if k in ("keep_unused", "compiler_options", "inline")}
+  passed = ("keep_unused", "compiler_options", "inline")
+  kwargs = {k: v for k, v in fn.options.jit_kwargs.items() if k in passed}
   if gpu_options:
     kwargs["compiler_options"] = {**gpu_options, **(kwargs.get("compiler_options") or {})}
   if any(s is not None for s in in_sh):
@@ -428,9 +484,12 @@ def _inner(fn: Function, closed, plan, traced, leaves, in_sh, out_sh, gpu_option
 
 def _user_stacklevel() -> int:
   """The `warnings.warn` stacklevel of the first caller outside this package and JAX."""
-  hidden = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
-            os.path.dirname(os.path.abspath(jax.__file__)) + os.sep)
-  frame, level = sys._getframe(1), 1
+  hidden = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(jax.__file__)) + os.sep,
+  )
+  frame: Any = sys._getframe(1)  # a FrameType, then None beyond the outermost
+  level = 1
   while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(hidden):
     frame, level = frame.f_back, level + 1
   return level
