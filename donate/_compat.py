@@ -241,10 +241,10 @@ def lowered_with_aliases(
     tokens = 0
     while tokens < len(main.type.results) and "token" in str(main.type.results[tokens]):
       tokens += 1
-    args: list[Any] = list(ir.ArrayAttr(main.attributes["arg_attrs"]))  # type: ignore[call-overload]
+    args: list[Any] = list(ir.ArrayAttr(main.attributes["arg_attrs"]))
     results = None
     if pinned and "res_attrs" in main.attributes:
-      results = list(ir.ArrayAttr(main.attributes["res_attrs"]))  # type: ignore[call-overload]
+      results = list(ir.ArrayAttr(main.attributes["res_attrs"]))
     changed = False
     for k, i in enumerate(kept):
       position, leaf = n_args - len(kept) + k, i - n_traced
