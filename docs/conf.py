@@ -130,7 +130,7 @@ nitpick_ignore_regex = [
     # Private types that appear in public signatures and attributes (a public name documents each
     # object a user handles; donate._x.Name of a public object resolves through its canonical name).
     ("py:.*", r"donate\.(\w+\.)*_\w+\..*"),
-    ("py:.*", r"(jax|jaxlib|numpy|np|jnp|matplotlib|collections|typing|types|dataclasses)(\..*)?"),
+    ("py:.*", r"(jax|jaxlib|numpy|np|jnp|matplotlib|collections|typing|types|dataclasses|enum)(\..*)?"),
     ("py:.*", r"(Any|Callable|Sequence|Mapping|Iterable|Iterator|Hashable|NamedTuple|Optional)"),
     ("py:.*", r"(Array|ArrayLike|PyTree|Mesh|Sharding|NamedSharding|PartitionSpec|ShapeDtypeStruct)"),
     ("py:class", r"(object|int|float|str|bool|bytes|tuple|list|dict|set|frozenset|type|None)"),
