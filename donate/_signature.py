@@ -72,8 +72,7 @@ class Inner:
   """The replay of one signature's marked program: a `jax.jit` over the flat leaves."""
 
   jitted: Callable
-  out_tree: Any
-  out_order = None  # results come in the user's order
+  out_tree: Any  # results come in the user's order
 
   def outputs(self, flat) -> Any:
     return tree_util.tree_unflatten(self.out_tree, flat)

@@ -381,10 +381,8 @@ def _jax_names(compiled, module) -> dict:
 
 def _donate_names(plan, prep) -> dict:
   """Paths of a `donate.jit` program: its parameters as the plan's leaves, its outputs as the
-  user's output leaves (the re-laid-out program returns them in its own order)."""
-  user = [o.path for o in plan.outputs]
-  order = None if prep.native or prep.inner is None else prep.inner.out_order
-  out_paths = [user[j] for j in order] if order is not None else user
+  user's output leaves (every program returns them in the user's order)."""
+  out_paths = [o.path for o in plan.outputs]
   consumed = {i for i, d in enumerate(plan.decisions) if d.requested}
   in_paths = list(prep.in_paths or [])
   donated = tuple(
