@@ -22,9 +22,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks import bench_donation  # noqa: E402
-from donate import _copies  # noqa: E402
 from donate import _demo  # noqa: E402
 from donate import _examples as examples  # noqa: E402
+from donate._xla import copies as _copies  # noqa: E402
 
 
 def programs(quick: bool) -> dict:

@@ -24,8 +24,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import donate  # noqa: E402
-from donate import _demo  # noqa: E402
 from benchmarks import workloads  # noqa: E402
+from donate import _demo  # noqa: E402
 
 
 def _table(head, rows) -> str:

@@ -30,12 +30,14 @@ import jax  # noqa: E402
 import donate  # noqa: E402
 from benchmarks import bench_memory_llama as llama  # noqa: E402
 from benchmarks import bench_memory_profile as cpu  # noqa: E402
-from donate import _hlo  # noqa: E402
-from donate import _hlo_dump  # noqa: E402
 from donate import targets  # noqa: E402
-from donate._profile import api  # noqa: E402
-from donate._profile import reading  # noqa: E402
-from donate._text import format_bytes  # noqa: E402
+from donate._base.text import format_bytes  # noqa: E402
+from donate._profile import (
+  api,  # noqa: E402
+  reading,  # noqa: E402
+)
+from donate._xla import hlo as _hlo  # noqa: E402
+from donate._xla import hlo_dump as _hlo_dump  # noqa: E402
 
 
 def programs(args):

@@ -32,10 +32,12 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import donate  # noqa: E402
-from donate import _hlo  # noqa: E402
-from donate import _hlo_dump  # noqa: E402
-from donate._profile import api  # noqa: E402
-from donate._profile import reading  # noqa: E402
+from donate._profile import (
+  api,  # noqa: E402
+  reading,  # noqa: E402
+)
+from donate._xla import hlo as _hlo  # noqa: E402
+from donate._xla import hlo_dump as _hlo_dump  # noqa: E402
 
 
 def transformer_step(params, x):

@@ -46,13 +46,15 @@ jax.config.update("jax_num_cpu_devices", 8)  # before any backend is used
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import (
+  Mesh,  # noqa: E402
+  NamedSharding,  # noqa: E402
+)
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import donate  # noqa: E402
 from donate import targets  # noqa: E402
-from donate._text import format_bytes  # noqa: E402
+from donate._base.text import format_bytes  # noqa: E402
 
 AXIS = "x"
 

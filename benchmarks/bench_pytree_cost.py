@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 
 import donate
-from donate import _compiled
 from donate import _demo
-from donate import _signature
+from donate._jit import compiled as _compiled
+from donate._jit import signature as _signature
 
 
 def _step_factory(shift: float, repaired: bool = False):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 import donate
 from donate import _examples as examples
-from donate._text import format_bytes
+from donate._base.text import format_bytes
 
 
 def _peak(compiled) -> tuple[int, int]:

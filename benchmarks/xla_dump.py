@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from donate import _hlo_dump  # noqa: E402  (after the path tweak)
 from donate._profile import reading  # noqa: E402
+from donate._xla import hlo_dump as _hlo_dump  # noqa: E402  (after the path tweak)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -2,16 +2,16 @@
 
 from donate import planner as planner
 from donate import targets as targets
-from donate._decision_types import Action as Action
-from donate._decision_types import Cause as Cause
-from donate._decision_types import Kind as Kind
-from donate._decision_types import Request as Request
-from donate._donation_plan import DonationPlan as DonationPlan
-from donate._donation_plan import LeafDecision as LeafDecision
-from donate._donation_plan import MemoryStats as MemoryStats
-from donate._errors import DonationError as DonationError
-from donate._errors import SymmetricMemoryWarning as SymmetricMemoryWarning
-from donate._errors import UnusableDonationWarning as UnusableDonationWarning
+from donate._base.errors import DonationError as DonationError
+from donate._base.errors import SymmetricMemoryWarning as SymmetricMemoryWarning
+from donate._base.errors import UnusableDonationWarning as UnusableDonationWarning
+from donate._plan.decision_types import Action as Action
+from donate._plan.decision_types import Cause as Cause
+from donate._plan.decision_types import Kind as Kind
+from donate._plan.decision_types import Request as Request
+from donate._plan.donation_plan import DonationPlan as DonationPlan
+from donate._plan.donation_plan import LeafDecision as LeafDecision
+from donate._plan.donation_plan import MemoryStats as MemoryStats
 from donate._profile import MemoryProfile as MemoryProfile
 from donate._profile import memory_profile as memory_profile
 from donate.symm import requires_symmetric as requires_symmetric

@@ -9,7 +9,8 @@ import argparse
 
 import jax.numpy as jnp
 
-from donate import _demo, _jit
+from donate import _demo
+from donate._jit import wrapper as _jit
 
 
 def main(argv=None) -> None:

@@ -16,9 +16,10 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from donate import _compat, _jit
-from donate._donation_plan import MemoryStats
-from donate._text import format_bytes
+from donate._base import compat as _compat
+from donate._base.text import format_bytes
+from donate._jit import wrapper as _jit
+from donate._plan.donation_plan import MemoryStats
 
 
 def swapped_update(a, b):

@@ -18,7 +18,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from donate._primitives import donate_buffer
+from donate._base.primitives import donate_buffer
 from donate.symm import with_symmetric
 
 

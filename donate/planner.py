@@ -21,8 +21,8 @@ from typing import Any
 
 import jax
 
-from donate import _errors
-from donate._planner import liveness, memplan
+from donate._base import errors as _errors
+from donate._planner import liveness, passes
 from donate._planner.memory_plan import MemoryPlan as MemoryPlan
 from donate._planner.offsets import OffsetAssignment as OffsetAssignment
 from donate._planner.offsets import assign_offsets as assign_offsets
@@ -101,7 +101,7 @@ def plan_memory(
   closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args, **kwargs)
   closed, comm = _comm_buffers(closed)
   lv = liveness.live_ranges(closed)
-  return memplan.plan(
+  return passes.plan(
     lv,
     name=getattr(fun, "__name__", type(fun).__name__),
     arg_names=_arg_names(fun, args, kwargs),

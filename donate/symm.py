@@ -51,9 +51,9 @@ from collections.abc import Sequence
 import jax
 
 from donate import planner
-from donate._compat import bound_axis_names
-from donate._errors import DonationError, message
-from donate._errors import SymmetricMemoryWarning as SymmetricMemoryWarning
+from donate._base.compat import bound_axis_names
+from donate._base.errors import DonationError, message
+from donate._base.errors import SymmetricMemoryWarning as SymmetricMemoryWarning
 from donate._symm import check as _check
 from donate._symm import xla as _xla
 from donate._symm.check import PlacementCheck as PlacementCheck

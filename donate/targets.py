@@ -25,9 +25,9 @@ from collections.abc import Sequence
 import jax
 import jaxlib
 
-from donate._errors import DonationError, message
-from donate._gpu_targets import SPECS
-from donate._gpu_targets import GpuSpec as GpuSpec
+from donate._base.errors import DonationError, message
+from donate._xla.gpu_targets import SPECS
+from donate._xla.gpu_targets import GpuSpec as GpuSpec
 
 __all__ = [
   "GpuSpec",

@@ -10,7 +10,7 @@ import jax
 
 if sys.argv[1] == "patched":
   import donate
-  from donate import _jit
+  from donate._jit import wrapper as _jit
 
   built = [0]
   _init = _jit.JitWrapped.__init__

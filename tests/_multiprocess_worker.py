@@ -18,11 +18,10 @@ def main(process_id: int, port: int) -> None:
                              process_id=process_id, initialization_timeout=60)
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
+  from _multiprocess_step import N, initial, make_step  # noqa: PLC0415
   from jax.experimental import multihost_utils  # noqa: PLC0415
 
   import donate  # noqa: PLC0415
-
-  from _multiprocess_step import N, initial, make_step, make_swapped_step  # noqa: PLC0415
 
   mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
   row = jax.sharding.NamedSharding(mesh, jax.P("d"))
@@ -63,10 +62,10 @@ def swapped(mesh, row, global_array, w_host, x_host):
   beside jax.jit's (undonated, on copies)."""
   import jax  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
+  from _multiprocess_step import make_swapped_step  # noqa: PLC0415
   from jax.experimental import multihost_utils  # noqa: PLC0415
 
   import donate  # noqa: PLC0415
-  from _multiprocess_step import make_swapped_step  # noqa: PLC0415
 
   step = make_swapped_step(mesh)
   w, m, x = global_array(w_host), global_array(w_host * 0.5), global_array(x_host)

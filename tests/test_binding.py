@@ -1,4 +1,4 @@
-"""Unit tests of donate._binding: arguments split into leaves, paths and donation exactly as jax.jit."""
+"""Unit tests of donate._jit.binding: arguments split into leaves, paths and donation exactly as jax.jit."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import donate
-from donate import _binding
-from donate import _donation_plan as dp
+from donate._jit import binding as _binding
+from donate._plan import donation_plan as dp
 
 
 def binding(fun, **jit_kwargs):

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from donate import _copies
-from donate import _hlo
+from donate._xla import copies as _copies
+from donate._xla import hlo as _hlo
 
 N = 2**20  # a 4 MiB float32 carry
 XS = jnp.arange(8.0)

@@ -1,12 +1,12 @@
-"""Unit tests of donate._dataflow: origins, in-place sources and annotations of a traced program."""
+"""Unit tests of donate._plan.dataflow: origins, in-place sources and annotations of a traced program."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import donate
-from donate import _dataflow as df
-from donate._errors import DonationError
+from donate._base.errors import DonationError
+from donate._plan import dataflow as df
 
 X = jnp.ones(8)
 

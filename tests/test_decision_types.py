@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import donate
-from donate import _dataflow as df
-from donate import _donation_plan as dp
-from donate import _pairing
-from donate._errors import DonationRuntimeError
+from donate._base.errors import DonationRuntimeError
+from donate._plan import dataflow as df
+from donate._plan import donation_plan as dp
+from donate._plan import pairing as _pairing
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Unit tests of donate._gate: the stand-in jax.jit traces, which runs only while the gate is open."""
+"""Unit tests of donate._jit.gate: the stand-in jax.jit traces, which runs only while the gate is open."""
 
 import gc
 import threading
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from donate import _gate
+from donate._jit import gate as _gate
 
 
 def test_a_closed_gate_raises_replan_and_an_open_one_traces():

@@ -48,8 +48,9 @@ def test_patched_frameworks_run_through_donate_jit_with_jax_jit_results(tmp_path
 
 def test_donate_keeps_the_jax_jit_it_was_imported_with():
   import jax
+
   import donate
-  from donate import _compat
+  from donate._base import compat as _compat
 
   saved = jax.jit
   try:

@@ -19,12 +19,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import donate
-from donate import _hlo
 from donate import _examples as examples
-from donate import symm
-from donate import targets
+from donate import symm, targets
 from donate._symm.report import collectives
 from donate._symm.xla import spec_supported
+from donate._xla import hlo as _hlo
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not targets.available(), reason="needs the gpu-aot extra")]

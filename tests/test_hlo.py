@@ -1,10 +1,10 @@
-"""Unit tests of the compiled-HLO reader (`donate._hlo`) and the dump readers (`donate._hlo_dump`)
+"""Unit tests of the compiled-HLO reader (`donate._xla.hlo`) and the dump readers (`donate._xla.hlo_dump`)
 on small hand-written modules, in the spellings of both jaxlib lines."""
 
 import pytest
 
-from donate import _hlo
-from donate import _hlo_dump
+from donate._xla import hlo as _hlo
+from donate._xla import hlo_dump as _hlo_dump
 
 # jaxlib 0.10: asynchronous collectives named after their opcode, collective memory S(1).
 ASYNC_S1 = """\

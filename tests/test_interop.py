@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import donate
 

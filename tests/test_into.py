@@ -1,4 +1,4 @@
-"""Unit tests of donate._into (the `(into, *args)` wrapper) and donate._options."""
+"""Unit tests of donate._jit.into (the `(into, *args)` wrapper) and donate._jit.options."""
 
 import inspect
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import donate
-from donate import _into
-from donate._errors import DonationError
-from donate._options import Options
+from donate._base.errors import DonationError
+from donate._jit import into as _into
+from donate._jit.options import Options
 
 
 def test_with_out_keeps_the_parameters_and_aliases_each_result():

@@ -1,4 +1,4 @@
-"""Unit tests of donate._jaxprs (sub-jaxprs and their variable maps) and donate._compat (loops,
+"""Unit tests of donate._base.jaxprs (sub-jaxprs and their variable maps) and donate._base.compat (loops,
 source lines, the private reads), on both supported JAX versions."""
 
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from donate import _compat
-from donate import _jaxprs
+from donate._base import compat as _compat
+from donate._base import jaxprs as _jaxprs
 
 X = jnp.ones(4)
 

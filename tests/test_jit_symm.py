@@ -8,8 +8,7 @@ import pytest
 from jax import lax
 
 import donate
-from donate._symm import trace
-from donate._symm import xla
+from donate._symm import trace, xla
 
 MESH = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
 ROWS = jax.sharding.NamedSharding(MESH, jax.P("x"))

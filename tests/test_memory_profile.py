@@ -19,8 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import donate
-from donate import _profile
-from donate import targets
+from donate import _profile, targets
 
 pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
 

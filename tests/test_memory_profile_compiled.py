@@ -15,19 +15,14 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+import test_memory_profile as programs
 from jax import lax
 from jax.experimental import serialize_executable
 
 import donate
-from donate import _hlo
-from donate import _profile
-from donate import targets
-from donate._profile import api
-from donate._profile import liverange
-from donate._profile import naming
-from donate._profile import proto
-
-import test_memory_profile as programs
+from donate import _profile, targets
+from donate._profile import api, liverange, naming, proto
+from donate._xla import hlo as _hlo
 
 pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
 

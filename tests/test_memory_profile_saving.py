@@ -9,10 +9,9 @@ its own. Each figure here is checked against an independent compile: the same fu
 import jax
 import jax.numpy as jnp
 import pytest
+import test_memory_profile as programs
 
 import donate
-
-import test_memory_profile as programs
 
 pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
 
@@ -62,7 +61,7 @@ def test_the_saving_is_the_peak_compiled_without_the_donation_minus_the_peak(nam
     assert p.alias_bytes > 0 and p.saving_not_measured == "", where
     assert p.peak_without_donation_bytes == without, where
     assert p.donation_saved_bytes == without - p.peak_bytes, where
-    assert f"donation saved {donate._text.format_bytes(p.donation_saved_bytes)} at the peak (" \
+    assert f"donation saved {donate._base.text.format_bytes(p.donation_saved_bytes)} at the peak (" \
         in str(p), where
   saved = profiles["jax.jit"].donation_saved_bytes
   alias = profiles["jax.jit"].alias_bytes
@@ -84,7 +83,7 @@ def test_a_donation_that_does_not_lower_the_peak_is_named_and_strict_refuses_it(
   plan = donate.jit(attention_grad_step, donate_argnums=0).plan(wq, x)
   peak = plan.profile.peak_bytes
   assert peak == without and not plan.profile.shadowed  # no temporary of its size beside it
-  size = donate._text.format_bytes(peak)
+  size = donate._base.text.format_bytes(peak)
   assert plan.decisions[0].reason.endswith(
       f"aliased, but the peak is {size} either way: XLA reuses buffers without the donation too")
   assert [e.path for e in plan.profile.not_lowered] == ["wq"]

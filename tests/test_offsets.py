@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from donate._errors import DonationError
+from donate._base.errors import DonationError
 from donate._planner import packing, search
 from donate._planner.offsets import OffsetAssignment, assign_offsets
 

@@ -1,13 +1,13 @@
-"""Unit tests of donate._pairing (make_plan, fcfs_pairs) and the plan data model, from plain data."""
+"""Unit tests of donate._plan.pairing (make_plan, fcfs_pairs) and the plan data model, from plain data."""
 
 import jax
 import numpy as np
 import pytest
 
-from donate import _dataflow as df
-from donate import _donation_plan as dp
-from donate import _pairing
-from donate._errors import DonationError
+from donate._base.errors import DonationError
+from donate._plan import dataflow as df
+from donate._plan import donation_plan as dp
+from donate._plan import pairing as _pairing
 
 CPU = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
@@ -46,7 +46,7 @@ def test_host_unused_donor_and_unusable_leaves():
   leaves = [leaf("h", kind=dp.HOST), leaf("u"), leaf("d", shape=(2, 2)), leaf("x", shape=(3,)),
             leaf("k")]
   outputs = [out("out[0]", shape=(4,), dtype="int32")]
-  requested = {i: "donate_argnums" for i in range(4)}
+  requested = dict.fromkeys(range(4), "donate_argnums")
   p = plan(leaves, outputs, requested, flow([{}], 5, used=[True, False, True, True, True]))
   actions = [d.action for d in p.decisions]
   assert actions == [dp.KEPT, dp.UNUSED, dp.DONOR, dp.UNUSABLE, dp.KEPT]
@@ -81,7 +81,7 @@ def test_jax_groups_by_memory_kind_only_when_every_value_has_one():
 def test_plan_text_fits_in_100_columns_and_names_every_leaf():
   leaves = [leaf(f"params['layer_{i}']['kernel']", shape=(1024, 1024)) for i in range(3)]
   outputs = [out(f"out[{i}]", shape=(1024, 1024)) for i in range(3)]
-  p = plan(leaves, outputs, {i: "donate_argnums" for i in range(3)},
+  p = plan(leaves, outputs, dict.fromkeys(range(3), "donate_argnums"),
            flow([{i: df.ELEMENTWISE} for i in range(3)], 3))
   text = str(p)
   assert max(map(len, text.splitlines())) <= 100

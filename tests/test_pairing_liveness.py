@@ -7,7 +7,8 @@ import warnings
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import donate
 

@@ -8,13 +8,13 @@ import warnings
 import jax
 import jax.numpy as jnp
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_pairing import flow, leaf, out
 
 import donate
-from donate import _dataflow as df
-from donate import _pairing
-
-from test_pairing import flow, leaf, out
+from donate._plan import dataflow as df
+from donate._plan import pairing as _pairing
 
 SHAPES = [(4,), (8,), (2, 2)]
 DTYPES = ["float32", "int32"]
@@ -71,7 +71,7 @@ def test_ten_thousand_leaves_pair_with_a_near_linear_number_of_comparisons(monke
     return compatible(a, b)
 
   monkeypatch.setattr(_pairing, "_compatible", counting)
-  plan = _pairing.make_plan("f", leaves, outputs, {i: "donate_argnums" for i in range(n)},
+  plan = _pairing.make_plan("f", leaves, outputs, dict.fromkeys(range(n), "donate_argnums"),
                             dataflow)
   assert plan.pairs() == {i: i for i in range(n)}
   assert calls[0] <= 3 * n  # the quadratic definition makes n * n = 10^8

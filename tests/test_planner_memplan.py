@@ -1,4 +1,4 @@
-"""Unit tests for the planning passes (`donate._planner.memplan`) and the plan's records and views.
+"""Unit tests for the planning passes (`donate._planner.passes`) and the plan's records and views.
 
 Most tests build a `Liveness` by hand, so each pass is tested on exactly the case it names
 (roles and ranges, copies of comm buffers, grouping, in-place reuse, allocation); the rest plan
@@ -9,11 +9,11 @@ tests/test_planner.py (independent of the planner), and a golden listing.
 import jax
 import jax.numpy as jnp
 import pytest
+from test_planner import check_plan
 
 import donate
-from donate._planner import liveness, memplan, memory_plan, records, text
+from donate._planner import liveness, memory_plan, passes, records, text
 from donate._planner.records import Allocation, Buffer, LiveRange, Pool
-from test_planner import check_plan
 
 COMM = ("symm_mem", ("x",))
 
@@ -31,7 +31,7 @@ def make_lv(values, steps, inplace=(), donated=()):
 def plan(lv, **kwargs):
   args = dict(name="f", arg_names=["x", "y"], out_names=["out"], donated=set(), comm={},
               strict=False, alignment=64, time_limit=1.0)
-  return memplan.plan(lv, **{**args, **kwargs})
+  return passes.plan(lv, **{**args, **kwargs})
 
 
 # Pass 1: classify ------------------------------------------------------------------------------
@@ -45,14 +45,14 @@ def test_classify_names_roles_and_reserved_ranges():
                 value(4, 2, 3, out=0),  # an output: to the end
                 value(5, 2, 3, out=1)],  # marked comm: to its last use, even as an output
                ["a", "b", "c", "d"])
-  bufs = memplan.classify(lv, arg_names=["x", "y", "x"], out_names=["out"], donated={1},
+  bufs = passes.classify(lv, arg_names=["x", "y", "x"], out_names=["out"], donated={1},
                           comm={5: COMM})
   assert [(b.name, b.role, str(b.live_range)) for b in bufs] == [
       ("x", "input", "[0, 4)"), ("y", "donated input", "[0, 2)"), ("x#1", "input", "[0, 4)"),
       ("buf3", "regular", "[1, 3)"), ("out", "output", "[2, 4)"), ("buf5", "comm", "[2, 3)")]
   assert (bufs[5].kind, bufs[5].group, bufs[5].is_output) == ("symm_mem", ("x",), True)
   donated_by_mark = make_lv(lv.values, lv.steps, donated={0})
-  assert memplan.classify(donated_by_mark, arg_names=["x"], out_names=[], donated=set(),
+  assert passes.classify(donated_by_mark, arg_names=["x"], out_names=[], donated=set(),
                           comm={})[0].role == "donated input"
 
 
@@ -62,13 +62,13 @@ def test_classify_names_roles_and_reserved_ranges():
 def comm_in_and_out():
   lv = make_lv([value(0, 0, 2, producer="argument", arg=0), value(1, 1, 3, out=0)],
                ["a", "b", "c"])
-  return lv, memplan.classify(lv, arg_names=["x"], out_names=["out"], donated=set(),
+  return lv, passes.classify(lv, arg_names=["x"], out_names=["out"], donated=set(),
                               comm={0: COMM, 1: COMM})
 
 
 def test_copy_out_copies_a_comm_output_out_and_a_comm_argument_in():
   lv, bufs = comm_in_and_out()
-  new, copies = memplan.copy_out(bufs, lv, strict=False)
+  new, copies = passes.copy_out(bufs, lv, strict=False)
   assert [str(c) for c in copies] == ["out = copy_out(buf1)  # at step 2",
                                       "x.symm = copy_in(x)  # at step 0"]
   assert [(b.name, b.role, b.producer, str(b.live_range), b.kind) for b in new] == [
@@ -83,7 +83,7 @@ def test_copy_out_in_strict_mode_names_every_such_buffer():
   lv, bufs = comm_in_and_out()
   with pytest.raises(donate.DonationError, match=r"at out, x: .*out \(float32\[16\]\) returned; "
                      r"x \(float32\[16\]\) an argument"):
-    memplan.copy_out(bufs, lv, strict=True)
+    passes.copy_out(bufs, lv, strict=True)
 
 
 # Pass 3: group and in-place reuse ---------------------------------------------------------------
@@ -96,7 +96,7 @@ def test_group_orders_comm_pools_by_first_use_and_puts_the_arena_last():
                   kind=kind, group=group)
 
   bufs = [buf(3, "comm", ("x",)), buf(0), buf(1, "comm", ("y",)), buf(2, "comm", ("x",))]
-  assert memplan.group(bufs) == {("symm_mem", ("y",)): [2], ("symm_mem", ("x",)): [3, 0],
+  assert passes.group(bufs) == {("symm_mem", ("y",)): [2], ("symm_mem", ("x",)): [3, 0],
                                  ("regular", ()): [1]}
 
 
@@ -127,8 +127,8 @@ def test_inplace_reuse_takes_over_a_dying_operand_of_the_same_size_once(case, ta
   elif case == "two takers":
     inplace = [(1, 2, (1,)), (1, 3, (1,))]
   lv = make_lv(values, ["a", "b", "c"], inplace)
-  bufs = memplan.classify(lv, arg_names=["x"], out_names=[], donated=donated, comm=comm)
-  assert memplan.inplace_reuse(bufs, lv, {v.id: v.id for v in values}) == takes
+  bufs = passes.classify(lv, arg_names=["x"], out_names=[], donated=donated, comm=comm)
+  assert passes.inplace_reuse(bufs, lv, {v.id: v.id for v in values}) == takes
 
 
 # Pass 4: allocate ------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ def test_an_in_place_chain_shares_one_slot_and_the_pool_is_checked():
   assert offsets["buf0"] == offsets["buf1"] == offsets["buf2"] != offsets["buf3"]
   assert reuses == {"buf3": None, "buf0": None, "buf1": "buf0", "buf2": "buf1"}
   assert (p.arena.size, p.arena.lower_bound) == (128, 128)
-  assert memplan.plan(lv, name="f", arg_names=[], out_names=[], donated=set(), comm={},
+  assert passes.plan(lv, name="f", arg_names=[], out_names=[], donated=set(), comm={},
                       strict=False, alignment=64, time_limit=1.0, inplace=False).arena.size == 192
 
 
@@ -163,14 +163,14 @@ def test_a_comm_pool_is_planned_apart_from_the_arena():
 def test_the_allocation_check_catches_a_clash_but_not_an_in_place_pair():
   a = Buffer("a", "regular", "add", (4,), "float32", 16, LiveRange(0, 2))
   b = Buffer("b", "regular", "mul", (4,), "float32", 16, LiveRange(1, 3))
-  memplan._assert_disjoint([Allocation(a, 0), Allocation(b, 0, reuses="a")])
+  passes._assert_disjoint([Allocation(a, 0), Allocation(b, 0, reuses="a")])
   with pytest.raises(AssertionError, match="overlap in time and memory"):
-    memplan._assert_disjoint([Allocation(a, 0), Allocation(b, 8)])
+    passes._assert_disjoint([Allocation(a, 0), Allocation(b, 8)])
 
 
 def test_pool_names_are_identifiers():
-  assert memplan.pool_name("symm_mem", ("x", "y")) == "pool_symm_mem_x_y"
-  assert memplan.pool_name("nv-shmem", ("a.b",)) == "pool_nv_shmem_a_b"
+  assert passes.pool_name("symm_mem", ("x", "y")) == "pool_symm_mem_x_y"
+  assert passes.pool_name("nv-shmem", ("a.b",)) == "pool_nv_shmem_a_b"
 
 
 # Records and views -----------------------------------------------------------------------------

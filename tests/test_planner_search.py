@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from test_offsets import best_fit_offsets, brute_force_height, load, sweep_check, synthetic
 
 from donate._planner import dfs, dfs_array, greedy, search, sweep
-from test_offsets import best_fit_offsets, brute_force_height, load, sweep_check, synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Unit tests of donate._primitives: the table of primitive facts and the two annotation primitives."""
+"""Unit tests of donate._base.primitives: the table of primitive facts and the two annotation primitives."""
 
 import sys
 
@@ -7,8 +7,8 @@ import jax.extend
 import jax.numpy as jnp
 import pytest
 
-from donate import _primitives as prims
 from donate import symm  # noqa: F401  (defines the `symmetric` primitive)
+from donate._base import primitives as prims
 
 TABLES = {
     "IDENTITY": prims.IDENTITY, "VIEW": prims.VIEW, "ELEMENTWISE": prims.ELEMENTWISE,

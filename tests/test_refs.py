@@ -12,11 +12,12 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import donate
-from donate import _compat
-from donate._donation_plan import REF, WRITTEN_BACK
+from donate._base import compat as _compat
+from donate._plan.donation_plan import REF, WRITTEN_BACK
 
 JITS = {"jax.jit": jax.jit, "donate.jit": donate.jit}
 

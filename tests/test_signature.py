@@ -1,16 +1,16 @@
-"""Unit tests of donate._signature (one signature: plan, how it runs, lower, compile) and
-donate._compiled (the compiled program read back into the plan)."""
+"""Unit tests of donate._jit.signature (one signature: plan, how it runs, lower, compile) and
+donate._jit.compiled (the compiled program read back into the plan)."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from donate import _binding
-from donate import _compiled
-from donate import _gate
-from donate import _options
-from donate import _signature
-from donate._errors import DonationRuntimeError
+from donate._base.errors import DonationRuntimeError
+from donate._jit import binding as _binding
+from donate._jit import compiled as _compiled
+from donate._jit import gate as _gate
+from donate._jit import options as _options
+from donate._jit import signature as _signature
 
 
 def function(fun, **kwargs):
@@ -113,7 +113,7 @@ def test_planning_pauses_the_collector_and_leaves_it_as_it_found_it(monkeypatch)
   import numpy as np
 
   import donate
-  from donate import _pairing
+  from donate._plan import pairing as _pairing
   seen = []
   make_plan = _pairing.make_plan
 

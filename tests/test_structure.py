@@ -20,18 +20,31 @@ import dataclasses
 import functools
 import importlib.util
 import pathlib
+import shutil
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "donate"
 # The one module that may import jax._src (CONTRIBUTING.md: how to add a JAX version).
-ALLOWED = {"_compat.py"}
+ALLOWED = {"donate/_base/compat.py"}
 # The user API: no other donate module may import these (layers point down, see CONTRIBUTING.md).
 USER_API = {"donate", "donate.transforms", "donate.symm", "donate.planner", "donate.targets",
-            "donate.__main__"}
+            "donate.profile", "donate.__main__"}
 # Code written as a user would write it (the demo's and the tests' workloads): above the API.
-CLIENTS = {"donate._examples", "donate._demo"}
+CLIENTS = {"donate._examples", "donate._demo", "donate.__main__"}
+# The layers, top first (CONTRIBUTING.md's picture): a module imports its own layer or lower ones.
+# A name ending in "." is a package (its modules, at any depth); others are modules. In a layer
+# marked `apart`, each package is on its own: the analysis packages never import each other.
+LAYERS: tuple[tuple[str, frozenset[str], bool], ...] = (
+    ("clients", frozenset(CLIENTS), False),
+    ("user API", frozenset(USER_API - CLIENTS), False),
+    ("donate.jit", frozenset({"donate._jit."}), False),
+    ("analysis", frozenset({"donate._plan.", "donate._profile.", "donate._symm.",
+                            "donate._planner."}), True),
+    ("XLA's output", frozenset({"donate._xla."}), False),
+    ("foundation", frozenset({"donate._base."}), False),
+)
 MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 500, 200, 80
 
 
@@ -39,23 +52,38 @@ MODULE_LINES, CLASS_LINES, FUNCTION_LINES = 500, 200, 80
 class Import:
   """One import statement of a donate module: what it names and where."""
 
-  module: str  # the importing module, e.g. "donate._jit"
-  target: str  # the module it imports (a donate module or not), e.g. "donate._into", "jax._src.core"
+  module: str  # the importing module, e.g. "donate._jit.wrapper"
+  target: str  # the module it imports (a donate module or not), e.g. "donate._jit.into", "jax._src.core"
   line: int
 
 
-def _module_name(path: pathlib.Path) -> str:
-  parts = path.relative_to(REPO).with_suffix("").parts
+def _module_name(path: pathlib.Path, root: pathlib.Path = REPO) -> str:
+  parts = path.relative_to(root).with_suffix("").parts
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+def modules_of(root: pathlib.Path) -> dict[str, pathlib.Path]:
+  """Module name -> file, for every donate/**/*.py under `root` (a checkout or a copy of one)."""
+  return {_module_name(p, root): p for p in sorted((root / "donate").rglob("*.py"))}
+
+
+MODULES = modules_of(REPO)
+
+
+def _imports(module: str, modules: dict[str, pathlib.Path] = MODULES) -> tuple[Import, ...]:
+  """Every import in `module`, at any depth; `from P import a` names P.a when that is a module."""
+  if modules is MODULES:
+    return _imports_here(module)
+  return _read_imports(module, modules)
 
 
 @functools.cache
-def _imports(module: str) -> tuple[Import, ...]:
-  """Every import in `module`, at any depth; `from P import a` names P.a when that is a module."""
-  path = MODULES[module]
+def _imports_here(module: str) -> tuple[Import, ...]:
+  return _read_imports(module, MODULES)
+
+
+def _read_imports(module: str, modules: dict[str, pathlib.Path]) -> tuple[Import, ...]:
+  path = modules[module]
   package = module if path.name == "__init__.py" else module.rpartition(".")[0]
   found = []
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -68,8 +96,34 @@ def _imports(module: str) -> tuple[Import, ...]:
         base = ".".join(anchor + ([node.module] if node.module else []))
       for alias in node.names:
         sub = f"{base}.{alias.name}"
-        found.append(Import(module, sub if sub in MODULES or sub == "jax._src" else base, node.lineno))
+        found.append(Import(module, sub if sub in modules or sub == "jax._src" else base, node.lineno))
   return tuple(found)
+
+
+def layer_of(module: str) -> tuple[int, str]:
+  """(rank, group) of a donate module: rank 0 is the top layer; group is its package or module."""
+  for rank, (_, names, _) in enumerate(LAYERS):
+    for name in names:
+      if module == name or (name.endswith(".") and (module + ".").startswith(name)):
+        return rank, name
+  raise LookupError(f"{module} is in no layer: add it to LAYERS (and CONTRIBUTING.md's picture)")
+
+
+def upward_imports(modules: dict[str, pathlib.Path], root: pathlib.Path = REPO) -> list[str]:
+  """Each import that points up the layers, or across the packages of an `apart` layer."""
+  found = []
+  for module, path in modules.items():
+    rank, group = layer_of(module)
+    for i in _imports(module, modules):
+      if i.target not in modules or i.target == module:
+        continue
+      target_rank, target_group = layer_of(i.target)
+      across = target_rank == rank and LAYERS[rank][2] and target_group != group
+      if target_rank < rank or across:
+        where = "beside it, in another package" if across else f"above it ({LAYERS[target_rank][0]})"
+        found.append(f"{path.relative_to(root).as_posix()}:{i.line} ({LAYERS[rank][0]}) imports "
+                     f"{i.target}, {where}")
+  return found
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -141,7 +195,7 @@ def test_only_the_compat_module_imports_jax_private_modules():
   offending = [f"{MODULES[i.module].relative_to(REPO)}:{i.line} imports {i.target}"
                for m in MODULES for i in _imports(m)
                if (i.target == "jax._src" or i.target.startswith("jax._src."))
-               and MODULES[m].name not in ALLOWED]
+               and MODULES[m].relative_to(REPO).as_posix() not in ALLOWED]
   assert not offending, "only " + " or ".join(sorted(ALLOWED)) + " may import jax._src:\n" + \
       "\n".join(offending)
 
@@ -158,6 +212,28 @@ def test_internal_modules_never_import_the_user_api():
   upward = [f"{MODULES[m].relative_to(REPO)}:{i.line} imports {i.target}"
             for m in MODULES if m not in USER_API | CLIENTS for i in _imports(m) if i.target in USER_API]
   assert not upward, "imports that point up from the internals to the user API:\n" + "\n".join(upward)
+
+
+def test_imports_only_go_down_the_layers():
+  assert [layer_of(m) for m in ("donate", "donate._jit", "donate._plan.pairing", "donate._base.text")] \
+      == [(1, "donate"), (2, "donate._jit."), (3, "donate._plan."), (5, "donate._base.")]
+  found = upward_imports(MODULES)
+  assert not found, "imports that point up the layers (CONTRIBUTING.md's picture):\n" + "\n".join(found)
+
+
+def test_an_upward_import_planted_in_a_copy_is_found(tmp_path):
+  shutil.copytree(PACKAGE, tmp_path / "donate", ignore=shutil.ignore_patterns("__pycache__"))
+  assert upward_imports(modules_of(tmp_path), tmp_path) == []
+  text = tmp_path / "donate" / "_base" / "text.py"
+  text.write_text(text.read_text() + "\n\ndef _late():\n  from donate._jit import signature\n")
+  pairing = tmp_path / "donate" / "_plan" / "pairing.py"
+  pairing.write_text("from donate._profile import naming\n" + pairing.read_text())
+  found = upward_imports(modules_of(tmp_path), tmp_path)
+  assert len(found) == 2, found
+  assert found[0].startswith("donate/_base/text.py:") and "imports donate._jit.signature, above it" \
+      in found[0]
+  assert found[1].startswith("donate/_plan/pairing.py:1 (analysis) imports donate._profile.naming, "
+                             "beside it")
 
 
 def test_nothing_is_oversized():

@@ -15,8 +15,8 @@ import pytest
 from jax import export
 
 import donate
-from donate import _binding
-from donate import _text
+from donate._base import text as _text
+from donate._jit import binding as _binding
 
 
 def spec(shape, dtype=jnp.float32):

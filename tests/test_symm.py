@@ -12,9 +12,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from donate import symm
-from donate._errors import DonationError
-from donate._symm import prim
-from donate._symm import trace
+from donate._base.errors import DonationError
+from donate._symm import prim, trace
 
 N = 8
 MESH = Mesh(np.array(jax.devices()[:N]), ("i",))

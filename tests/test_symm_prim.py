@@ -9,7 +9,7 @@ from jax.interpreters import ad
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from donate._errors import DonationError
+from donate._base.errors import DonationError
 from donate._symm import prim
 
 PARAMS = dict(axis_name=("i",), kind="symm_mem", source="with_symmetric")

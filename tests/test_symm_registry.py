@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import pytest
 from jax import lax
 
-from donate._errors import DonationError
+from donate._base.errors import DonationError
 from donate._symm import registry
-
 
 pytestmark = pytest.mark.usefixtures("no_symmetric_requirements")
 

@@ -11,11 +11,10 @@ import pytest
 from jax import lax
 
 import donate
-from donate import _hlo
-from donate._errors import DonationError
-from donate._errors import SymmetricMemoryWarning
+from donate._base.errors import DonationError, SymmetricMemoryWarning
 from donate._symm import report
 from donate._symm.xla import FLAG
+from donate._xla import hlo as _hlo
 
 MARK = 'frontend_attributes={donate.group="x",donate.symmetric="symm_mem"}'
 MODE = 'backend_config={"collective_backend_config":{"collectives_mode":"%s"}}'

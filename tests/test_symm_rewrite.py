@@ -9,9 +9,8 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from donate._errors import DonationError
-from donate._symm import prim
-from donate._symm import registry
+from donate._base.errors import DonationError
+from donate._symm import prim, registry
 from donate._symm.rewrite import mark_required
 
 MESH = Mesh(np.array(jax.devices()[:2]), ("i",))

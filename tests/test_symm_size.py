@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from donate._errors import DonationError
+from donate._base.errors import DonationError
 from donate._symm import size
 
 DUMP = """BufferAssignment:

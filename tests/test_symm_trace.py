@@ -11,9 +11,8 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from donate._errors import SymmetricMemoryWarning
-from donate._symm import prim
-from donate._symm import trace
+from donate._base.errors import SymmetricMemoryWarning
+from donate._symm import prim, trace
 
 MESH = Mesh(np.array(jax.devices()[:2]), ("i",))
 X = jnp.arange(16.0).reshape(4, 4)

@@ -10,10 +10,9 @@ from jax import lax
 
 import donate
 from donate import symm
-from donate._errors import DonationError
+from donate._base.errors import DonationError
 from donate._symm import xla
-from donate._symm.xla import FLAG
-from donate._symm.xla import SYMMETRIC
+from donate._symm.xla import FLAG, SYMMETRIC
 
 
 def bufs(*collectives):

@@ -16,8 +16,9 @@ from donate._planner.offsets import assign_offsets
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # for benchmarks/; last, so it never shadows an installed donate
 
-from benchmarks import xla_dump  # noqa: E402
 from test_offsets import sweep_check  # noqa: E402
+
+from benchmarks import xla_dump  # noqa: E402
 
 # A training step with a scan: loop carries and in-place updates make XLA share memory.
 PROGRAM = """

@@ -3,7 +3,7 @@
 Layers, each importing only the ones below it:
 
 - `liveness`: walks a jaxpr (and its sub-jaxprs) into values with live ranges;
-- `memplan`: the planning passes that turn them into pools of buffers with offsets, as
+- `passes`: the planning passes that turn them into pools of buffers with offsets, as
   `records` (`LiveRange`, `Buffer`, `Allocation`, `Pool`, `Copy`) in a `memory_plan.MemoryPlan`,
   which also holds the plan's views (listing, HTML, plot);
 - `offsets`: `assign_offsets`, the offset engine under every pool: `packing` drives it over

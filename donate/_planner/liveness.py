@@ -33,7 +33,8 @@ from typing import Any, cast
 
 from jax.extend import core as jex_core
 
-from donate import _compat, _primitives
+from donate._base import compat as _compat
+from donate._base import primitives as _primitives
 
 # Primitives with sub-jaxprs that are not simple calls.
 _LOOPS_AND_CONDS = _primitives.LOOP | {"cond"}

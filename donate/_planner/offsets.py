@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from donate._errors import DonationError, message
+from donate._base.errors import DonationError, message
 from donate._planner import packing, sweep
 from donate._planner.text import size_text
 

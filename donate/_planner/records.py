@@ -1,6 +1,6 @@
 """The records of a memory plan: live ranges, buffers, their allocations, pools and copies.
 
-Frozen, slotted and printable; `memplan` makes them and `memory_plan.MemoryPlan` holds them.
+Frozen, slotted and printable; `passes` makes them and `memory_plan.MemoryPlan` holds them.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from donate._text import format_bytes
+from donate._base.text import format_bytes
 
 # backend -> (change in words, option, value): XLA DebugOptions that move the peak.
 OPTIONS = {

@@ -30,12 +30,14 @@ from typing import Any
 import jax
 from jax import tree_util
 
-from donate import _compat, _hlo, _hlo_dump
+from donate._base import compat as _compat
 from donate._profile import advice as _advice
 from donate._profile import baseline as _baseline
 from donate._profile import errors, liverange, naming, proto, reading
 from donate._profile.assemble import assemble
 from donate._profile.profile import MemoryProfile, Saving
+from donate._xla import hlo as _hlo
+from donate._xla import hlo_dump as _hlo_dump
 
 
 def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:

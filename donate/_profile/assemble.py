@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from donate import _hlo
 from donate._profile import categories, naming, reading, shadow
 from donate._profile.model import Entry, Suggestion, Timeline
 from donate._profile.profile import MemoryProfile
+from donate._xla import hlo as _hlo
 
 
 def assemble(

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import jax
 
-from donate import _compat
+from donate._base import compat as _compat
 
 COMPILED_ALONE = (
   "a jax.stages.Compiled keeps no traced program to compile again without its "

@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from donate import _hlo
 from donate._profile import naming
 from donate._profile.flow import Flow as Flow
+from donate._xla import hlo as _hlo
 
 CATEGORIES = (
   "parameters",

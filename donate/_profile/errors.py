@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from donate._errors import DonationError, message
-from donate._gpu_targets import SPECS
+from donate._base.errors import DonationError, message
+from donate._xla.gpu_targets import SPECS
 
 
 def unknown_device(device):

@@ -10,7 +10,7 @@ distance from each entry parameter to an output: how many computing instructions
 them (0: the output is the parameter itself), within `DEPTH`, outside any backward pass (a
 gradient is computed from its input, it is not that input updated).
 
->>> from donate import _hlo
+>>> from donate._xla import hlo as _hlo
 >>> m = _hlo.parse_module('''HloModule m
 ...
 ... ENTRY %main (a: f32[4], b: f32[4]) -> (f32[4], f32[4]) {
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from donate import _hlo
 from donate._profile import naming
+from donate._xla import hlo as _hlo
 
 DEPTH = 6  # computing instructions followed from an output back to its inputs
 _MOVES = (

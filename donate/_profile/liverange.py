@@ -32,8 +32,8 @@ XLA:GPU's; the CPU programs tested have none) by further rules: a module with th
 
 from __future__ import annotations
 
-from donate import _hlo_dump
 from donate._profile import proto, reading
+from donate._xla import hlo_dump as _hlo_dump
 
 _FORWARD = ("bitcast", "domain", "add-dependency", "optimization-barrier", "while")
 _CALLERS = ("while", "call", "conditional")

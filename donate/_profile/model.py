@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from donate._gpu_targets import SPECS
-from donate._text import format_bytes
+from donate._base.text import format_bytes
+from donate._xla.gpu_targets import SPECS
 
 KINDS = ("argument", "output", "temporary", "copy", "loop carry", "collective", "constant")
 

@@ -7,7 +7,7 @@ tuples, a loop's parameters) often carry none; they speak for what they copy or 
 its operand, a loop body's parameter for the loop that calls it, a fusion without metadata (XLA:GPU
 0.12 prints some) for its first operand (the buffer a dynamic-update-slice writes into).
 
->>> from donate import _hlo
+>>> from donate._xla import hlo as _hlo
 >>> m = _hlo.parse_module('''HloModule m
 ...
 ... ENTRY %main (a: f32[4]) -> f32[4] {
@@ -24,7 +24,7 @@ its operand, a loop body's parameter for the loop that calls it, a fusion withou
 
 from __future__ import annotations
 
-from donate import _hlo
+from donate._xla import hlo as _hlo
 
 _FORWARDING = (
   "copy",

@@ -7,7 +7,7 @@ makes over XLA's allocations), one `Owner` per argument and output allocation, a
 the temp allocations merged into `Buffer`s (values that share bytes while both are live are one
 buffer reused in place), each live on half-open schedule steps `[start, end)`.
 
->>> from donate import _hlo_dump
+>>> from donate._xla import hlo_dump as _hlo_dump
 >>> allocations = _hlo_dump.parse_buffer_assignment('''BufferAssignment:
 ... allocation 0: size 64, parameter 0, shape |f32[16]| at ShapeIndex {}, maybe-live-out:
 ...  value: <1 x.1 @0> (size=64,offset=0): f32[16]{0}
@@ -30,7 +30,8 @@ import glob
 import os
 import re
 
-from donate import _hlo, _hlo_dump
+from donate._xla import hlo as _hlo
+from donate._xla import hlo_dump as _hlo_dump
 
 _PARAMETER = re.compile(r"(?:^|, )parameter (\d+)")
 _SEQUENCE = re.compile(r"\s+(\d+):(\S+)\s*$")

@@ -20,7 +20,7 @@ import runpy
 import sys
 import traceback
 
-from donate._text import format_bytes
+from donate._base.text import format_bytes
 
 _SUFFIX = "after_optimizations-buffer-assignment.txt"
 
@@ -90,9 +90,9 @@ def run(script: str | None, module: str | None, argv: list[str]) -> int:
 
 def profiles(folder: str) -> list:
   """A `MemoryProfile` of every module XLA dumped in `folder`, in compile order."""
-  from donate import _hlo
   from donate._profile import reading
   from donate._profile.assemble import assemble
+  from donate._xla import hlo as _hlo
 
   found = []
   for assignment in sorted(glob.glob(os.path.join(folder, f"*{_SUFFIX}"))):

@@ -25,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from donate import _hlo
-from donate._errors import message
+from donate._base.errors import message
+from donate._base.text import format_bytes
 from donate._profile import naming, reading
 from donate._profile.model import Entry
-from donate._text import format_bytes
+from donate._xla import hlo as _hlo
 
 # "About the same size": the temporary is within this fraction of the donated buffer.
 TOLERANCE = 0.125

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import html as _html
 
-from donate._text import format_bytes
+from donate._base.text import format_bytes
 
 COLOURS = {
   "parameters": "#4e79a7",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html as _html
 
+from donate._base.text import format_bytes
 from donate._profile.treemap import packing, treemap
-from donate._text import format_bytes
 
 WIDTH = 100
 _ROWS = 12

@@ -17,7 +17,7 @@ import jax
 import jax.extend as jex
 from jax import tree_util
 
-from donate import _compat
+from donate._base import compat as _compat
 from donate._symm.report import PlacementReport, placement_report
 from donate._symm.rewrite import mark_required
 from donate._symm.size import SizingRow, XlaCollectiveMemory, xla_collective_memory

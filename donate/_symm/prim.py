@@ -55,9 +55,9 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo
 from jax.interpreters import ad, batching, mlir
 
-from donate import _primitives
-from donate._compat import bound_axis_names
-from donate._errors import DonationError, message
+from donate._base import primitives as _primitives
+from donate._base.compat import bound_axis_names
+from donate._base.errors import DonationError, message
 
 SOURCES = ("with_symmetric", "requires_symmetric", "context")
 """The legal values of ``symmetric_p``'s ``source`` param."""
@@ -217,8 +217,8 @@ def check_bound(axes: tuple[str, ...], *, where: str) -> None:
   >>> check_bound(("i",), where="with_symmetric")
   Traceback (most recent call last):
   ...
-  donate._errors.DonationError: donate: with_symmetric uses axis name 'i', which is not bound here:
-  expected one of the bound axis names (none are bound), got 'i'. Fix: call it inside
+  donate._base.errors.DonationError: donate: with_symmetric uses axis name 'i', which is not
+  bound here: expected one of the bound axis names (none are bound), got 'i'. Fix: call it inside
   jax.shard_map over a mesh with axis 'i', or use one of the bound names.
   """
   bound = bound_axis_names()

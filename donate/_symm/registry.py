@@ -25,7 +25,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from donate._errors import DonationError, message
+from donate._base.errors import DonationError, message
 from donate._symm.prim import mark
 
 COLLECTIVE_PRIMITIVES = frozenset(

@@ -1,7 +1,7 @@
 """Where the annotated values landed in the compiled program, and the collective memory it takes.
 
 ``placement_report(compiled_hlo_text, comm_buffers)`` reads the compiled HLO structurally
-(``donate._hlo``): every collective, the memory space of each operand, and whether the operand
+(``donate._xla.hlo``): every collective, the memory space of each operand, and whether the operand
 comes from a value the user annotated (the producing op carries ``donate.symmetric`` in its
 frontend attributes, which XLA keeps on the op and on the fusion that absorbs it). Each annotated
 buffer gets a record: "collective memory S(n)" or "default memory" with the reason; un-annotated
@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-from donate import _hlo
-from donate._errors import DonationError, SymmetricMemoryWarning, message
+from donate._base.errors import DonationError, SymmetricMemoryWarning, message
 from donate._symm.xla import (
   KIND_OF_PRIMITIVE,
   MODE_OPTIONS,
@@ -22,6 +21,7 @@ from donate._symm.xla import (
   process_spec,
   spec_supported,
 )
+from donate._xla import hlo as _hlo
 
 _THROUGH = ("bitcast", "copy", "reshape", "get-tuple-element", "tuple", "optimization-barrier")
 _DTYPES = {

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import jax.extend as jex
 
-from donate._compat import bound_axis_names
-from donate._errors import DonationError, message
-from donate._jaxprs import axes_of, is_var, replace_subs, subs
+from donate._base.compat import bound_axis_names
+from donate._base.errors import DonationError, message
+from donate._base.jaxprs import axes_of, is_var, replace_subs, subs
 from donate._symm.prim import context_spec, contexts_used, note_marked, symmetric_p
 from donate._symm.registry import requirements
 

@@ -20,8 +20,9 @@ import math
 import os
 import tempfile
 
-from donate import _hlo, _hlo_dump
-from donate._errors import DonationError, message
+from donate._base.errors import DonationError, message
+from donate._xla import hlo as _hlo
+from donate._xla import hlo_dump as _hlo_dump
 
 _MB = 1 << 20
 

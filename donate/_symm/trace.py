@@ -18,10 +18,10 @@ import dataclasses
 import warnings
 from typing import Any
 
-from donate import _primitives
-from donate._compat import short_source_line
-from donate._errors import SymmetricMemoryWarning
-from donate._jaxprs import is_var, nbytes, subs
+from donate._base import primitives as _primitives
+from donate._base.compat import short_source_line
+from donate._base.errors import SymmetricMemoryWarning
+from donate._base.jaxprs import is_var, nbytes, subs
 from donate._symm.prim import context_spec, contexts_used, marks_traced, symmetric_p
 from donate._symm.registry import COLLECTIVE_PRIMITIVES, requirements
 

@@ -38,8 +38,8 @@ import re
 
 import jaxlib
 
-from donate import _compat
-from donate._errors import DonationError, message
+from donate._base import compat as _compat
+from donate._base.errors import DonationError, message
 
 GPU_PLATFORMS = frozenset({"cuda", "rocm", "gpu"})
 """Platform names for which collective memory exists."""

@@ -25,7 +25,7 @@ class DonationError(ValueError):
   instance is also the built-in exception type `jax.jit` raises for the same mistake.
 
   >>> import donate
-  >>> from donate import _errors
+  >>> from donate._base import errors as _errors
   >>> issubclass(donate.DonationError, ValueError)
   True
   >>> issubclass(_errors.DonationRuntimeError, (donate.DonationError, RuntimeError))

@@ -1,6 +1,6 @@
 """Donation planning: one decision per input leaf, pure data in, pure data out.
 
-`make_plan` reads the facts of one traced call (leaves, outputs, the dataflow of `_dataflow`) and
+`make_plan` reads the facts of one traced call (leaves, outputs, the dataflow of `dataflow`) and
 decides, for every input leaf, whether it is donated and which output reuses its buffer:
 
 1. collect what was requested (`donate_argnums`/`donate_argnames` as `jax.jit` resolved them,
@@ -10,12 +10,11 @@ decides, for every input leaf, whether it is donated and which output reuses its
    are not device buffers, and inputs the computation never reads are left alone;
 3. pair outputs with donated inputs as `jax.jit` keys them (shape, dtype, sharding, memory kind),
    strongest dataflow first (explicit `alias`, an input returned as is, an in-place update, a loop
-   carry, an elementwise update, then any free output), so `(b.at[0].set(1), a + 1)` pairs
-   b -> [0] and a -> [1];
+   carry, an elementwise update, then any free output): `(b.at[0].set(1), a + 1)` pairs b, a;
 4. predict what `jax.jit` does with the rest: a donor when an unpaired output has as many elements,
    otherwise unusable;
 5. list the leaves the program donates (`Layout`); the lowering sets exactly these pairs and
-   donors on the module (`_signature.Prepared.with_plan_aliases`), arguments and results in the
+   donors on the module (`signature.Prepared.with_plan_aliases`), arguments and results in the
    user's order.
 
 After compiling, `DonationPlan.realize` folds in the aliases XLA really made and the compiled
@@ -30,9 +29,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from donate import _dataflow, _errors
-from donate._decision_types import Action, Cause, Kind, Request
-from donate._donation_plan import (
+from donate._base import errors
+from donate._base.text import is_symbolic, shape_text, sharding_text
+from donate._plan import dataflow
+from donate._plan.decision_types import Action, Cause, Kind, Request
+from donate._plan.donation_plan import (
   NOT_A_DEVICE_BUFFER,
   WRITTEN_BACK,
   DonationPlan,
@@ -41,18 +42,17 @@ from donate._donation_plan import (
   LeafInfo,
   OutputInfo,
 )
-from donate._text import is_symbolic, shape_text, sharding_text
 
 # Why a paired leaf is aliased, by the strength of its dataflow link to the output.
 _STRENGTH = {
-  _dataflow.EXPLICIT: (Cause.EXPLICIT_ALIAS, "explicit alias"),
-  _dataflow.IDENTITY: (Cause.RETURNED_UNCHANGED, "returned unchanged"),
-  _dataflow.UPDATE: (
+  dataflow.EXPLICIT: (Cause.EXPLICIT_ALIAS, "explicit alias"),
+  dataflow.IDENTITY: (Cause.RETURNED_UNCHANGED, "returned unchanged"),
+  dataflow.UPDATE: (
     Cause.UPDATED_IN_PLACE,
     "updated in place (.at[].set / dynamic_update_slice / scatter)",
   ),
-  _dataflow.CARRY: (Cause.LOOP_CARRY, "loop carry updated in place"),
-  _dataflow.ELEMENTWISE: (Cause.ELEMENTWISE_UPDATE, "elementwise update of this input"),
+  dataflow.CARRY: (Cause.LOOP_CARRY, "loop carry updated in place"),
+  dataflow.ELEMENTWISE: (Cause.ELEMENTWISE_UPDATE, "elementwise update of this input"),
   0: (Cause.SAME_SHAPE_AND_DTYPE, "same shape and dtype (no dataflow link)"),
 }
 
@@ -120,13 +120,13 @@ def _compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
 
 
 def _check(
-  leaves: Sequence[LeafInfo], flow: _dataflow.Dataflow, outputs: Sequence[OutputInfo]
+  leaves: Sequence[LeafInfo], flow: dataflow.Dataflow, outputs: Sequence[OutputInfo]
 ) -> list[str]:
   problems = []
   for a in flow.annotations:
     if a.kind == Request.ALIAS and a.origin is not None and a.dst_origin is not None:
       problems.append(
-        _errors.message(
+        errors.message(
           f"alias at {a.where} aliases two inputs to each other: {leaves[a.origin].path} "
           f"and {leaves[a.dst_origin].path}",
           fix="alias an input to a value computed from it",
@@ -139,7 +139,7 @@ def _check(
   for i, outs in into.items():
     if len(outs) > 1:
       problems.append(
-        _errors.message(
+        errors.message(
           "alias of one source into two outputs",
           path=leaves[i].path,
           expected="one output per aliased buffer",
@@ -151,7 +151,7 @@ def _check(
 
 
 def _requests(
-  requested: dict[int, Request], flow: _dataflow.Dataflow, adopt_inner: bool
+  requested: dict[int, Request], flow: dataflow.Dataflow, adopt_inner: bool
 ) -> tuple[dict, list, dict]:
   """Adds annotations to the requests. Returns ({leaf: (request, where)}, notes, {leaf: ignored
   inner donation})."""
@@ -201,7 +201,7 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
   for j, out in enumerate(outputs):
     sources = flow.out_sources[j]
     if flow.out_explicit[j]:
-      sources = {**sources, **dict.fromkeys(flow.out_explicit[j], _dataflow.EXPLICIT)}
+      sources = {**sources, **dict.fromkeys(flow.out_explicit[j], dataflow.EXPLICIT)}
     ok = [(i, s) for i, s in sources.items() if s > 0 and i in donated_set]
     candidates.append([(i, s) for i, s in ok if _compatible(leaves[i], out)])
   links = collections.Counter(i for c in candidates for i, _ in c)
@@ -213,7 +213,7 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     for i, strength in found:
       if alone:
         linked.append((-strength, False, j, i))
-      elif strength >= _dataflow.EXPLICIT or flow.can_host(i, j):
+      elif strength >= dataflow.EXPLICIT or flow.can_host(i, j):
         linked.append((-strength, not flow.dies_into(i, j), j, i))
   pairs, taken = {}, set()
   for neg, _, j, i in sorted(linked):
@@ -248,7 +248,7 @@ def _first_come(leaves, outputs, donated, flow):
   for i, j in fcfs_pairs(leaves, outputs, donated).items():
     if _compatible(leaves[i], outputs[j]):
       strength = flow.out_sources[j].get(i, 0) if j < len(flow.out_sources) else 0
-      pairs[i] = (j, _dataflow.EXPLICIT if i in flow.out_explicit[j] else strength)
+      pairs[i] = (j, dataflow.EXPLICIT if i in flow.out_explicit[j] else strength)
   return pairs
 
 
@@ -442,7 +442,7 @@ def make_plan(
   leaves: Sequence[LeafInfo],
   outputs: Sequence[OutputInfo],
   requested: dict[int, Request],
-  flow: _dataflow.Dataflow,
+  flow: dataflow.Dataflow,
   *,
   keep_unused: bool = False,
   adopt_inner: bool = False,
@@ -458,7 +458,7 @@ def make_plan(
     outputs: facts about every output leaf, in flat order.
     requested: leaf index -> how donation was requested (`Request.DONATE_ARGNUMS` or
       `DONATE_ARGNAMES`).
-    flow: the dataflow of the traced program (`_dataflow.analyze`).
+    flow: the dataflow of the traced program (`dataflow.analyze`).
     keep_unused: keep unread inputs in the computation (as `jax.jit(keep_unused=True)`).
     adopt_inner: honour `jax.jit(donate_argnums=...)` of inner calls on the outer inputs.
     xla_decides: the program spans several devices and not every output sharding is given:
@@ -472,7 +472,7 @@ def make_plan(
   sources, notes, ignored = _requests(requested, flow, adopt_inner)
   problems = _check(leaves, flow, outputs)
   if problems:
-    raise _errors.DonationError("\n".join(problems))
+    raise errors.DonationError("\n".join(problems))
   # jax.jit prunes no input of a program with symbolic shapes: each one stays in the module.
   keep_unused = keep_unused or any(
     is_symbolic(d) for shape in {leaf.shape for leaf in leaves} for d in shape

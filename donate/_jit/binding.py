@@ -16,8 +16,10 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from donate import _compat, _donation_plan, _text
-from donate._decision_types import Kind, Request
+from donate._base import compat as _compat
+from donate._base import text as _text
+from donate._plan import donation_plan as _donation_plan
+from donate._plan.decision_types import Kind, Request
 
 # The kinds as module globals: reading an enum member through its class costs about 0.1 us on
 # Python 3.11, and a wide pytree's every leaf asks.

@@ -5,7 +5,7 @@
 collective-memory sizing of `donate._symm_size` reads the allocations of the collective colour).
 `parse_live_ranges` reads `*after_optimizations-live-range.txt`: when each value is live in the
 module's schedule (`benchmarks/xla_dump.py` turns both into packing problems). The compiled
-module's own text is read by `donate._hlo`.
+module's own text is read by `donate._xla.hlo`.
 
 >>> (a,) = parse_buffer_assignment('''BufferAssignment:
 ... allocation 13: size 53248, color 7, page 0, preallocated-temp:

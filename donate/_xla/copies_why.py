@@ -1,4 +1,4 @@
-"""Why XLA copies a buffer: reasons, source lines and fixes for `donate._copies`.
+"""Why XLA copies a buffer: reasons, source lines and fixes for `donate._xla.copies`.
 
 The reason is read from the buffer's dataflow in the computation that holds the copy (a loop
 body, a `cond` branch, the entry): `explain` gets the slot the buffer belongs to (carry k, or a
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from donate import _compat, _jaxprs, _primitives
+from donate._base import compat as _compat
+from donate._base import jaxprs as _jaxprs
+from donate._base import primitives as _primitives
 
 _FIX_LOOP_READ = (
   "carry the value you need into the next iteration instead of reading it before the update "

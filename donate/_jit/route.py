@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import jax
 
-from donate import _pairing
-from donate._decision_types import Kind, Request
-from donate._text import format_bytes
+from donate._base.text import format_bytes
+from donate._plan import pairing as _pairing
+from donate._plan.decision_types import Kind, Request
 
 
 def is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool) -> bool:

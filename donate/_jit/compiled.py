@@ -8,9 +8,12 @@ import re
 
 from jax import tree_util
 
-from donate import _compat, _copies, _donation_plan, _profile, _symm
-from donate._decision_types import Action
-from donate._text import format_bytes, sharding_str
+from donate import _profile, _symm
+from donate._base import compat as _compat
+from donate._base.text import format_bytes, sharding_str
+from donate._plan import donation_plan as _donation_plan
+from donate._plan.decision_types import Action
+from donate._xla import copies as _copies
 
 
 def realize(

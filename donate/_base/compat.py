@@ -28,10 +28,9 @@ jax_jit = jax.jit
 # turn it into "file:line (function)" text; JAX's own errors use `summarize`.
 from jax._src import source_info_util as _source_info_util
 
-_HIDDEN = (
-  os.path.dirname(jax.__file__),
-  os.path.dirname(os.path.dirname(__file__)) + os.sep + "donate",
-)
+# The package's own folder (donate/, one above this layer's): frames there are not the user's.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_HIDDEN = (os.path.dirname(jax.__file__), PACKAGE_DIR)
 
 
 def source_line(source_info=None) -> str:

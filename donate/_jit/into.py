@@ -15,8 +15,8 @@ import inspect
 import jax
 from jax import tree_util
 
-from donate import _errors
-from donate._primitives import alias
+from donate._base import errors as _errors
+from donate._base.primitives import alias
 
 
 def _is_none(x) -> bool:

@@ -13,7 +13,7 @@ import threading
 import weakref
 from typing import Any
 
-from donate import _compat
+from donate._base import compat as _compat
 
 
 class Replan(Exception):

@@ -22,22 +22,19 @@ from typing import Any, overload
 
 import jax
 
-from donate import (
-  _binding,
-  _compat,
-  _donation_plan,
-  _errors,
-  _gate,
-  _into,
-  _options,
-  _signature,
-  _stages,
-)
-from donate._primitives import donate_buffer_p, remember_donate_jit
+from donate._base import compat as _compat
+from donate._base import errors as _errors
+from donate._base.primitives import donate_buffer_p, remember_donate_jit
+from donate._jit import binding as _binding
+from donate._jit import gate as _gate
+from donate._jit import into as _into
+from donate._jit import options as _options
+from donate._jit import signature as _signature
+from donate._jit import stages as _stages
+from donate._plan import donation_plan as _donation_plan
 
 _compat.hide_from_tracebacks(
-  os.path.dirname(os.path.abspath(__file__)) + os.sep,
-  shown=(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_examples.py"),),
+  _compat.PACKAGE_DIR, shown=(os.path.join(_compat.PACKAGE_DIR, "_examples.py"),)
 )  # the demo's programs
 
 

@@ -1,13 +1,13 @@
 """The copies XLA inserts into a compiled program, mapped back to the user's values and lines.
 
 Donation and aliasing save memory only if XLA does not copy the buffer anyway. `find_copies` reads
-the compiled HLO text (`Compiled.as_text()`) structurally (`donate._hlo`) and returns one
-`CopyRecord` per `copy` / `copy-start` of at least `threshold` bytes outside fused kernels: its
-size, how often it runs (once, or per iteration of which loops and their trip counts), the value
-it copies (the input leaf, the loop carry), the source lines that force it, a reason in words and
-a fix when one is known. The reason comes from the buffer's own dataflow in the computation that
-holds the copy (a loop body, a `cond` branch, the entry): which instruction updates it in place,
-which reads its old value after that update, whether it is returned twice, or not donated.
+the compiled HLO text structurally (`hlo`) and returns one `CopyRecord` per `copy` / `copy-start`
+of at least `threshold` bytes outside fused kernels: its size, how often it runs (once, or per
+iteration of which loops and their trip counts), the value it copies (the input leaf, the loop
+carry), the source lines that force it, a reason in words and a fix when one is known. The reason
+comes from the buffer's own dataflow in the computation that holds the copy (a loop body, a `cond`
+branch, the entry): which instruction updates it in place, which reads its old value after that
+update, whether it is returned twice, or not donated.
 
 >>> import jax, jax.numpy as jnp
 >>> def f(buf, xs):
@@ -27,11 +27,11 @@ from __future__ import annotations
 import dataclasses
 import html
 
-from donate import _copies_why, _errors, _hlo
-from donate._text import format_bytes
+from donate._base.errors import message
+from donate._base.text import format_bytes
+from donate._xla import copies_why, hlo
 
 PASS_THROUGH = frozenset({"copy", "bitcast", "copy-start", "copy-done"})
-COPIES = frozenset({"copy", "copy-start"})
 _UPDATES = frozenset({"dynamic-update-slice", "scatter"})
 _CONTROL = frozenset({"while", "call", "conditional", "async-start"})
 
@@ -107,7 +107,7 @@ class CopyRecord:
 class _Origin:
   carries: tuple[tuple[Loop, int], ...]  # loops the buffer is carried through, innermost first
   param: int | None  # the entry parameter it comes from
-  producer: _hlo.Instruction | None  # otherwise the instruction that made it
+  producer: hlo.Instruction | None  # otherwise the instruction that made it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,32 +115,32 @@ class _Slot:
   """A buffer that enters a computation and leaves it at the same place (carry k, alias)."""
 
   index: int | None  # tuple index in the computation's parameter and root (None: param/root)
-  inputs: tuple[_hlo.Instruction, ...]  # instructions that are the incoming value
-  path: tuple[_hlo.Instruction, ...]  # from the outgoing value back to the incoming one
-  updaters: tuple[_hlo.Instruction, ...]  # in-place updates on that path
+  inputs: tuple[hlo.Instruction, ...]  # instructions that are the incoming value
+  path: tuple[hlo.Instruction, ...]  # from the outgoing value back to the incoming one
+  updaters: tuple[hlo.Instruction, ...]  # in-place updates on that path
 
 
 class _Analysis:
   """One module's call graph, loop contexts and value origins."""
 
-  def __init__(self, module: _hlo.Module, in_paths, loops_info):
+  def __init__(self, module: hlo.Module, in_paths, loops_info):
     self.m, self.in_paths, self.loops_info = module, in_paths, loops_info
     self._users: dict[str, dict] = {}
     self._contexts: dict[str, tuple] = {}
     self._loops: dict[int, Loop] = {}
-    self._states: dict[str, _hlo.Shape] = {}  # while name -> its loop state's shape
+    self._states: dict[str, hlo.Shape] = {}  # while name -> its loop state's shape
 
-  def users(self, comp: _hlo.Computation):
+  def users(self, comp: hlo.Computation):
     if comp.name not in self._users:
       self._users[comp.name] = self.m.users(comp)
     return self._users[comp.name]
 
-  def fused(self, comp: _hlo.Computation) -> bool:
+  def fused(self, comp: hlo.Computation) -> bool:
     """Whether `comp` runs inside a kernel (a fusion's body, a reduction's scalar function)."""
     callers = self.m.callers.get(comp.name, ())
     return bool(callers) and all(c.opcode not in _CONTROL for c, _ in callers)
 
-  def loop(self, instr: _hlo.Instruction) -> Loop:
+  def loop(self, instr: hlo.Instruction) -> Loop:
     loop = self._loops.get(id(instr))
     if loop is None:
       loop = Loop(instr.name, self.m.source(instr), instr.trip_count())
@@ -168,13 +168,13 @@ class _Analysis:
         self._contexts[name] = (loops, count)
     return self._contexts[name]
 
-  def comp(self, instr: _hlo.Instruction) -> _hlo.Computation:
+  def comp(self, instr: hlo.Instruction) -> hlo.Computation:
     return self.m.computations[instr.computation]
 
-  def operand(self, instr: _hlo.Instruction, k: int = 0) -> _hlo.Instruction | None:
+  def operand(self, instr: hlo.Instruction, k: int = 0) -> hlo.Instruction | None:
     return self.comp(instr).get(instr.operands[k]) if k < len(instr.operands) else None
 
-  def origin(self, instr: _hlo.Instruction) -> _Origin:
+  def origin(self, instr: hlo.Instruction) -> _Origin:
     """Where the buffer `instr` holds comes from: input parameter, loop carries, or a producer."""
     carries: list = []
     index: tuple[int, ...] = ()
@@ -205,7 +205,7 @@ class _Analysis:
       instr = nxt
     return _Origin(tuple(carries), None, instr)
 
-  def _through_parameter(self, param: _hlo.Instruction, index):
+  def _through_parameter(self, param: hlo.Instruction, index):
     """The caller's operand that feeds parameter `param`, and the loop carry it passes, if any."""
     callers = self.m.callers.get(param.computation)
     if not callers:
@@ -224,7 +224,7 @@ class _Analysis:
       return self.operand(caller, n), None
     return None, None
 
-  def describe(self, origin: _Origin, instr: _hlo.Instruction) -> str:
+  def describe(self, origin: _Origin, instr: hlo.Instruction) -> str:
     """The copied value in words: "buf (carry[0] of scan at f.py:7)"."""
     carries = "; ".join(self.carry_words(loop, instr.shape, k) for loop, k in origin.carries)
     if origin.param is not None:
@@ -235,7 +235,7 @@ class _Analysis:
     what = origin.producer.opcode if origin.producer is not None else "a value"
     return f"the result of {what}" + (f" at {where}" if where else "")
 
-  def carry_words(self, loop: Loop, shape: _hlo.Shape, k: int) -> str:
+  def carry_words(self, loop: Loop, shape: hlo.Shape, k: int) -> str:
     state = self._states.get(loop.name)
     elements = (state.elements or ()) if state is not None else ()
     same = [j for j, e in enumerate(elements) if (e.dims, e.dtype) == (shape.dims, shape.dtype)]
@@ -250,7 +250,7 @@ class _Analysis:
     return f"parameter {param}"
 
 
-def inplace_operand(module: _hlo.Module, instr: _hlo.Instruction) -> int | None:
+def inplace_operand(module: hlo.Module, instr: hlo.Instruction) -> int | None:
   """The operand whose buffer `instr` updates in place (dynamic-update-slice, scatter, fusions of
   them, custom calls with `output_to_operand_aliasing`), or None."""
   if instr.opcode in _UPDATES:
@@ -275,12 +275,12 @@ def inplace_operand(module: _hlo.Module, instr: _hlo.Instruction) -> int | None:
   return target.parameter_number if target is not None and target.opcode == "parameter" else None
 
 
-def _passes(instr: _hlo.Instruction) -> bool:
+def _passes(instr: hlo.Instruction) -> bool:
   """Whether `instr` holds its operand's buffer (a copy, bitcast, or the end of an async op)."""
   return instr.opcode in PASS_THROUGH or instr.opcode.endswith("-done")
 
 
-def _slot(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction) -> _Slot | None:
+def _slot(a: _Analysis, comp: hlo.Computation, copy: hlo.Instruction) -> _Slot | None:
   """The carry/alias slot of `comp` whose buffer `copy` belongs to, or None."""
   out_index, root = _slot_index(a, comp, copy), comp.root
   if out_index is None or root is None:  # no root: a computation with no instructions
@@ -291,7 +291,7 @@ def _slot(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction) -> _Slot
     outs = a.m.aliases.get(k)
     if outs is None:
       return None
-    out: _hlo.Instruction | None = root
+    out: hlo.Instruction | None = root
     if outs:
       entry = a.m.computations[comp.name]
       out = entry.get(root.operands[outs[0]]) if root.opcode == "tuple" else None
@@ -304,7 +304,7 @@ def _slot(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction) -> _Slot
   if out is None:
     return None
   path, updaters = [], []
-  node: _hlo.Instruction | None = out
+  node: hlo.Instruction | None = out
   while node is not None and node not in inputs:
     path.append(node)
     k_in = 0 if _passes(node) else inplace_operand(a.m, node)
@@ -318,9 +318,9 @@ def _slot(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction) -> _Slot
   return _Slot(None if kind == "entry" else k, inputs, tuple(path), tuple(reversed(updaters)))
 
 
-def _slot_index(a: _Analysis, comp: _hlo.Computation, copy: _hlo.Instruction):
+def _slot_index(a: _Analysis, comp: hlo.Computation, copy: hlo.Instruction):
   """("entry", parameter) or ("tuple", k) for the slot a copy belongs to, from its operand side."""
-  node: _hlo.Instruction | None = copy
+  node: hlo.Instruction | None = copy
   while node is not None and node.opcode in PASS_THROUGH:
     node = a.operand(node)
   if node is None:
@@ -369,28 +369,28 @@ def find_copies(
   Returns:
     One record per copy, in program order (entry first, then loop bodies).
   """
-  module = _hlo.parse_module(compiled_hlo_text)
-  info = _copies_why.JaxprLoops(jaxpr) if jaxpr is not None else None
+  module = hlo.parse_module(compiled_hlo_text)
+  info = copies_why.JaxprLoops(jaxpr) if jaxpr is not None else None
   a = _Analysis(module, in_paths, info)
   records = []
   for comp in _ordered(module):
     if a.fused(comp):
       continue
     for instr in comp.instructions:
-      if instr.opcode in COPIES:
+      if instr.opcode in ("copy", "copy-start"):
         shape = (a.operand(instr) or instr).shape if instr.opcode == "copy-start" else instr.shape
         if shape.elements is None and shape.nbytes >= threshold:
           records.append(_record(a, comp, instr, shape))
   return tuple(records)
 
 
-def _ordered(module: _hlo.Module) -> list[_hlo.Computation]:
+def _ordered(module: hlo.Module) -> list[hlo.Computation]:
   comps = list(module.computations.values())
   return [module.entry] + [c for c in comps if c is not module.entry]
 
 
 def _record(
-  a: _Analysis, comp: _hlo.Computation, instr: _hlo.Instruction, shape: _hlo.Shape
+  a: _Analysis, comp: hlo.Computation, instr: hlo.Instruction, shape: hlo.Shape
 ) -> CopyRecord:
   loops, count = a.context(comp.name)
   origin = a.origin(a.operand(instr) or instr)
@@ -405,8 +405,8 @@ def _record(
     value = a.carry_words(loops[-1], shape, carry)
   from_input = origin.param is not None and origin.param in a.m.aliases
   kept = from_input or bool(origin.carries) or carry is not None
-  donated = kept and _copies_why.layout_change(a, instr) is None
-  reason, lines, fix = _copies_why.explain(a, comp, instr, origin, slot, value)
+  donated = kept and copies_why.layout_change(a, instr) is None
+  reason, lines, fix = copies_why.explain(a, comp, instr, origin, slot, value)
   input_path = a.path(origin.param) if origin.param is not None else None
   what = (instr.name, instr.opcode, shape.nbytes, shape.dims, shape.dtype or "?", loops, count)
   where = tuple(dict.fromkeys(ln for ln in lines if ln))
@@ -481,7 +481,7 @@ lines named so that the buffer is not read after it is updated in place, or leav
 off to accept the copy.
   """
   return [
-    _errors.message(
+    message(
       f"{function}: XLA copies a {'loop carry' if r.loops else 'donated buffer'} "
       f"({format_bytes(r.nbytes)}, {how_often(r)})",
       path=r.value,

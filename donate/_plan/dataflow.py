@@ -25,10 +25,12 @@ from typing import Any
 
 from jax.extend import core as jcore
 
-from donate import _compat, _errors, _primitives
-from donate._decision_types import Request
-from donate._jaxprs import open_jaxpr
-from donate._primitives import alias_p, donate_buffer_p, is_donate_jit
+from donate._base import compat as _compat
+from donate._base import errors as _errors
+from donate._base import primitives as _primitives
+from donate._base.jaxprs import open_jaxpr
+from donate._base.primitives import alias_p, donate_buffer_p, is_donate_jit
+from donate._plan.decision_types import Request
 
 EXPLICIT = 9  # an explicit `alias`: survives any chain
 IDENTITY = 6  # the output is the input buffer itself

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from donate import _errors
+from donate._base import errors as _errors
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -1,6 +1,6 @@
 """A structural reader of compiled HLO text (`jax.stages.Compiled.as_text()`).
 
-One parser for every reader of the compiled program: the copy report (`donate._copies`) and the
+One parser for every reader of the compiled program: the copy report (`donate._xla.copies`) and the
 symmetric-memory checks (`donate._symm_*`). `parse_module` returns computations of instructions
 (name, shape with each array's memory space, opcode, operands, called computations), the module's
 `input_output_alias`, and the source-location tables newer XLA prints (`FileNames`,

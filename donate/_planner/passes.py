@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from donate import _errors
+from donate._base import errors as _errors
 from donate._planner.liveness import Liveness, Value
 from donate._planner.memory_plan import MemoryPlan
 from donate._planner.offsets import assign_offsets

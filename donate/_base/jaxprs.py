@@ -18,7 +18,8 @@ from typing import Any
 import jax.extend as jex
 import numpy as np
 
-from donate import _compat, _primitives
+from donate._base import compat as _compat
+from donate._base import primitives as _primitives
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

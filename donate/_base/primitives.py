@@ -21,7 +21,8 @@ import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from donate import _compat, _errors
+from donate._base import compat as _compat
+from donate._base import errors as _errors
 
 # fmt: off
 # The name tables, filled line by line (a formatter's one name per line would take 200 lines).
@@ -67,7 +68,7 @@ CUSTOM = frozenset({
 """Opaque producers (custom derivatives, callbacks, FFI): their outputs are new buffers together."""
 
 LOOP = frozenset({"scan", "while"})
-"""Loops; ``donate._compat.loop_layout`` decodes their operands."""
+"""Loops; ``donate._base.compat.loop_layout`` decodes their operands."""
 
 TRACE_BACK_VIEWS = VIEW | frozenset({
     "pvary", "pbroadcast", "pcast", "symmetric", "donate_buffer", "broadcast_in_dim",

@@ -35,24 +35,22 @@ from typing import Any
 import jax
 from jax import tree_util
 
-from donate import (
-  _binding,
-  _compat,
-  _compiled,
-  _copies,
-  _dataflow,
-  _donation_plan,
-  _errors,
-  _gate,
-  _options,
-  _pairing,
-  _route,
-  _symm,
-  _text,
-)
-from donate._decision_types import Action, Cause, Request
-from donate._primitives import remember_donate_jit
-from donate._text import format_bytes
+from donate import _symm
+from donate._base import compat as _compat
+from donate._base import errors as _errors
+from donate._base import text as _text
+from donate._base.primitives import remember_donate_jit
+from donate._base.text import format_bytes
+from donate._jit import binding as _binding
+from donate._jit import compiled as _compiled
+from donate._jit import gate as _gate
+from donate._jit import options as _options
+from donate._jit import route as _route
+from donate._plan import dataflow as _dataflow
+from donate._plan import donation_plan as _donation_plan
+from donate._plan import pairing as _pairing
+from donate._plan.decision_types import Action, Cause, Request
+from donate._xla import copies as _copies
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -483,10 +481,7 @@ def _inner(fn: Function, closed, plan, traced, leaves, in_sh, out_sh, gpu_option
 
 def _user_stacklevel() -> int:
   """The `warnings.warn` stacklevel of the first caller outside this package and JAX."""
-  hidden = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(jax.__file__)) + os.sep,
-  )
+  hidden = (_compat.PACKAGE_DIR, os.path.dirname(os.path.abspath(jax.__file__)) + os.sep)
   frame: Any = sys._getframe(1)  # a FrameType, then None beyond the outermost
   level = 1
   while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(hidden):

@@ -15,7 +15,9 @@ from typing import Any
 import jax
 from jax import tree_util
 
-from donate import _compat, _compiled, _errors
+from donate._base import compat as _compat
+from donate._base import errors as _errors
+from donate._jit import compiled as _compiled
 
 
 def _inputs_flat(tree) -> list:

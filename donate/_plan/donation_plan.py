@@ -3,7 +3,7 @@
 Pure data (frozen dataclasses): `LeafInfo`/`OutputInfo` are the facts of one traced call,
 `LeafDecision` the decision per input leaf, `DonationPlan` the whole plan with its text, HTML and,
 after compiling, the aliases XLA really made (`realize`) and its memory figures (`MemoryStats`).
-`donate._pairing.make_plan` makes the decisions.
+`donate._plan.pairing.make_plan` makes the decisions.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from donate import _copies, _errors
-from donate._decision_types import Action, Cause, Kind, Request
-from donate._text import format_bytes, is_symbolic, shape_text, sharding_str
+from donate._base import errors as _errors
+from donate._base.text import format_bytes, is_symbolic, shape_text, sharding_str
+from donate._plan.decision_types import Action, Cause, Kind, Request
+from donate._xla import copies as _copies
 
 # The plain names of the enum members, as earlier versions spelled them (each equals its string).
 ALIASED, DONOR, KEPT = Action.ALIASED, Action.DONOR, Action.KEPT
