@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     status = script.run(path, module, script_argv)
     sys.stdout.flush()
     found = script.profiles(folder)
-    print(script.summary(found), file=sys.stderr)
+    print(script.summary(found, cached=script.cached()), file=sys.stderr)
     pages = script.write_pages(found, out or "donate-profile")
     print(f"donate.profile: {len(pages)} pages in {out or 'donate-profile'}/", file=sys.stderr)
   finally:

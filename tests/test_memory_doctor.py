@@ -420,3 +420,120 @@ def test_a_repeated_layer_s_activations_gradients_and_optimizer_state_at_one_pea
   assert str(row) == f"{row.count} x 2.0 MiB, layer() at {where} (activations)"
   grads = [e for e in p.at_peak if e.category == "gradients"]
   assert all(e.bytes == d * d * 4 for e in grads)
+
+
+LOOP_012 = """HloModule m
+
+%body (p: (s32[], f32[4], f32[2,4], f32[4])) -> (s32[], f32[4], f32[2,4], f32[4]) {
+  %p = (s32[], f32[4]{0}, f32[2,4]{1,0}, f32[4]{0}) parameter(0)
+  %one = s32[] constant(1)
+  %i = s32[] add(%p#0, %one), metadata={op_name="jit(f)/jvp()/while/body/add"}
+  %h = f32[4]{0} tanh(%p#1), metadata={op_name="jit(f)/jvp()/while/body/tanh"}
+  %r = f32[1,4]{1,0} bitcast(%h)
+  %zero = s32[] constant(0)
+  %s = f32[2,4]{1,0} dynamic-update-slice(%p#2, %r, %p#0, %zero), metadata={op_name="jit(f)/jvp()/while/body/dynamic_update_slice"}
+  %w = f32[4]{0} copy(%p#3)
+  ROOT %t = (s32[], f32[4]{0}, f32[2,4]{1,0}, f32[4]{0}) tuple(%i, %h, %s, %w)
+}
+
+%cond (c: (s32[], f32[4], f32[2,4], f32[4])) -> pred[] {
+  %c = (s32[], f32[4]{0}, f32[2,4]{1,0}, f32[4]{0}) parameter(0)
+  %two = s32[] constant(2)
+  ROOT %lt = pred[] compare(%c#0, %two), direction=LT
+}
+
+ENTRY %main (a: f32[4], w: f32[4]) -> (f32[4], f32[2,4]) {
+  %a = f32[4]{0} parameter(0), metadata={op_name="a"}
+  %w = f32[4]{0} parameter(1), metadata={op_name="w"}
+  %zero = s32[] constant(0)
+  %z = f32[2,4]{1,0} broadcast(%zero), dimensions={}
+  %init = (s32[], f32[4]{0}, f32[2,4]{1,0}, f32[4]{0}) tuple(%zero, %a, %z, %w)
+  %loop = (s32[], f32[4]{0}, f32[2,4]{1,0}, f32[4]{0}) while(%init), condition=%cond, body=%body, metadata={op_name="jit(f)/jvp()/while"}, backend_config={"known_trip_count":{"n":"2"}}
+  %g = f32[2,4]{1,0} multiply(%loop#2, %loop#2), metadata={op_name="jit(f)/transpose(jvp())/mul"}
+  ROOT %out = (f32[4]{0}, f32[2,4]{1,0}) tuple(%loop#1, %g)
+}"""
+
+
+def test_the_0_12_dump_spelling_of_a_tuple_element_is_read_as_a_get_tuple_element():
+  """XLA 0.12's dumped modules (what the CLI reads) write `loop#2` where 0.10 has a
+  get-tuple-element: the scan's stacked residual is read by the backward pass (activations, not
+  a loop's state), and a carry the body passes on (`p#3`) is the argument it came from."""
+  from types import SimpleNamespace
+
+  from donate._profile import categories
+  from donate._profile.flow import Flow
+  from donate._xla import hlo as _hlo
+
+  m = _hlo.parse_module(LOOP_012)
+  flow = Flow(m)
+  loop = m.find("loop")
+  assert flow.reader_phases(loop, (2,)) == {"backward"}
+  assert flow.origin(loop, (3,)) == (m.find("w", "main"), ())
+  stacked = SimpleNamespace(kind="loop carry", value="loop{2}")
+  assert categories.temporary_category(flow, stacked, {}) == "activations"
+  assert categories.repeat_of(flow, stacked) == 2
+  carried = SimpleNamespace(kind="loop carry", value="loop{3}")
+  assert categories.temporary_category(flow, carried, {1: "parameters"}) == "parameters"
+
+
+CACHED_SCRIPT = textwrap.dedent("""
+  import sys, jax, jax.numpy as jnp
+  jax.config.update("jax_compilation_cache_dir", sys.argv[1])  # as MaxText's config does
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  if "--cached" in sys.argv:  # a script that turns the cache back on: its programs are counted
+    jax.config.update("jax_enable_compilation_cache", True)
+  def step(params, x):
+    g = jax.grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"]) ** 2))(params)
+    return jax.tree.map(lambda w, g: w - 0.1 * g, params, g)
+  jax.jit(step, donate_argnums=0)({"w": jnp.ones((256, 512))}, jnp.ones((64, 256)))
+""")
+
+
+def test_the_cli_profiles_a_script_that_sets_a_compilation_cache_every_time(tmp_path):
+  """A script that sets `jax_compilation_cache_dir` (MaxText does) run twice: the second run's
+  programs are compiled again, not read from the cache, so both runs profile the step."""
+  (tmp_path / "train.py").write_text(CACHED_SCRIPT)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  cache = str(tmp_path / "cache")
+  for k in range(2):
+    out = subprocess.run([sys.executable, "-m", "donate.profile", "--out", f"pages{k}",
+                          "train.py", cache], cwd=tmp_path, capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert any(p.endswith("_step.html") for p in os.listdir(tmp_path / f"pages{k}")), out.stderr
+    assert "persistent compilation cache" not in out.stderr
+  for k in range(2):
+    on = subprocess.run([sys.executable, "-m", "donate.profile", "train.py", cache, "--cached"],
+                        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert on.returncode == 0, on.stderr[-3000:]
+    said = "read from JAX's persistent compilation cache: not compiled" in on.stderr
+    assert said == (k == 1), on.stderr[-3000:]
+
+
+SCAN_SCRIPT = textwrap.dedent("""
+  import jax, jax.numpy as jnp, donate
+  def scan_step(stack, x):
+    def loss(stack):
+      h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, stack)
+      return jnp.mean(h ** 2)
+    return stack - 0.1 * jax.grad(loss)(stack)
+  args = (jnp.full((6, 128, 128), 0.01), jnp.ones((32, 128)))
+  text = str(donate.memory_profile(jax.jit(scan_step, donate_argnums=0), *args))
+  print(text[text.index("by category:"):text.index("by source line:")])
+  jax.jit(scan_step, donate_argnums=0)(*args)
+""")
+
+
+def test_the_cli_and_memory_profile_agree_on_a_scan_step(tmp_path):
+  """The CLI reads XLA's dump files (JAX 0.12 spells tuple elements `while.1#2` there), the API
+  the compiled program: the same categories at the peak, stacked residuals as activations."""
+  (tmp_path / "train.py").write_text(SCAN_SCRIPT)
+  out = subprocess.run([sys.executable, "-m", "donate.profile", "--out", "pages", "train.py"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT})
+  assert out.returncode == 0, out.stderr[-3000:]
+  [page] = [p for p in os.listdir(tmp_path / "pages") if p.endswith("_scan_step.html")]
+  text = (tmp_path / "pages" / page).read_text().split("<pre>")[-1]
+  block = text[text.index("by category:"):text.index("by source line:")]
+  assert block.strip() == out.stdout.strip() and "activations" in block

@@ -180,7 +180,7 @@ def layer_source(flow: Flow, entry) -> tuple[str | None, str | None]:
       and root.opcode == "tuple"
       and index[0] < len(root.operands)
     ):
-      written = body.get(root.operands[index[0]])
+      written = body.get(_hlo.tuple_element(root.operands[index[0]])[0])
       update = _written_update(module, written)
       where = _located(module, update)
       if where is not None:
@@ -193,7 +193,7 @@ def _written_update(module: _hlo.Module, instr):
   if instr is None:
     return None
   if instr.opcode == "dynamic-update-slice" and len(instr.operands) > 1:
-    return module.find(instr.operands[1], instr.computation)
+    return module.find(_hlo.tuple_element(instr.operands[1])[0], instr.computation)
   if instr.opcode == "fusion":
     for name in instr.calls:
       comp = module.computations.get(name)
@@ -208,7 +208,9 @@ def _written_update(module: _hlo.Module, instr):
         while inner is not None and inner.opcode in ("bitcast", "reshape", "parameter"):
           if inner.opcode == "parameter":
             k = inner.parameter_number
-            return module.find(instr.operands[k], instr.computation) if k is not None else None
+            if k is None:
+              return None
+            return module.find(_hlo.tuple_element(instr.operands[k])[0], instr.computation)
           inner = comp.get(inner.operands[0])
         return inner
   return None

@@ -59,16 +59,39 @@ def phase(scope: str | None) -> str:
   return "forward" if "jvp(" in scope else "other"
 
 
+def _uses(module: _hlo.Module, comp: _hlo.Computation) -> dict[str, list]:
+  """Instruction name -> (user, operand index, tuple element) of each read in `comp`; the element
+  is the `k` of an operand XLA 0.12's dump spells `while.1#2` in place of a get-tuple-element."""
+  out: dict[str, list] = {}
+  for operand, readers in module.users(comp).items():
+    base, element = _hlo.tuple_element(operand)
+    out.setdefault(base, []).extend((user, k, element) for user, k in readers)
+  return out
+
+
 class Flow:
   """Users, origins and readers of the values of one parsed module (built once per profile)."""
 
   def __init__(self, module: _hlo.Module):
     self.module = module
-    self._users = {name: module.users(comp) for name, comp in module.computations.items()}
+    self._uses = {name: _uses(module, comp) for name, comp in module.computations.items()}
     self.roots = naming.output_instructions(module)
 
+  def uses(self, instr: _hlo.Instruction) -> list:
+    """(user, operand index, tuple element) of each read of `instr`: the element is the `k` of
+    an operand spelled `name#k` (a part of a tuple read in place), else None."""
+    return self._uses.get(instr.computation, {}).get(instr.name, [])
+
   def users(self, instr: _hlo.Instruction):
-    return self._users.get(instr.computation, {}).get(instr.name, ())
+    """(user, operand index) of each read of `instr`'s whole value."""
+    return [(user, k) for user, k, element in self.uses(instr) if element is None]
+
+  def operand(self, instr: _hlo.Instruction, j: int, index: tuple = ()):
+    """(instruction, index) of `instr`'s operand `j` within the value at `index` of it: an
+    operand spelled `name#k` is element `k` of `name`."""
+    base, element = _hlo.tuple_element(instr.operands[j])
+    found = self.module.find(base, instr.computation)
+    return found, (index if element is None else (element,) + index)
 
   def scope_of(self, instr: _hlo.Instruction | None) -> str | None:
     """`instr`'s own `op_name`, or the first of its fused kernel's."""
@@ -100,13 +123,13 @@ class Flow:
       op = instr.opcode
       nxt = None
       if op == "get-tuple-element" and instr.index is not None:
-        nxt, index = m.find(instr.operands[0], instr.computation), (instr.index,) + index
+        nxt, index = self.operand(instr, 0, (instr.index,) + index)
       elif op == "tuple" and index and index[0] < len(instr.operands):
-        nxt, index = m.find(instr.operands[index[0]], instr.computation), index[1:]
+        nxt, index = self.operand(instr, index[0], index[1:])
       elif op in ("bitcast", "copy", "reshape", "copy-done", "copy-start") and instr.operands:
-        nxt = m.find(instr.operands[0], instr.computation)
+        nxt, index = self.operand(instr, 0, index)
       elif op == "while" and index and self._passes_on(instr, index[0]):
-        nxt = m.find(instr.operands[0], instr.computation)
+        nxt, index = self.operand(instr, 0, index)
       elif op == "parameter" and not m.computations[instr.computation].is_entry:
         callers = m.callers.get(instr.computation, [])
         if not callers or callers[0][0].opcode != "while":
@@ -114,7 +137,7 @@ class Flow:
         caller = callers[0][0]
         if index and not self._passes_on(caller, index[0]):
           return caller, index  # a carry the loop updates: the loop's value
-        nxt = m.find(caller.operands[0], caller.computation)
+        nxt, index = self.operand(caller, 0, index)
       if nxt is None:
         return instr, index
       instr = nxt
@@ -138,16 +161,12 @@ class Flow:
     root = body.root if body is not None else None
     if body is None or root is None or root.opcode != "tuple" or k >= len(root.operands):
       return False
-    element = body.get(root.operands[k])
-    while element is not None and element.opcode in ("bitcast", "copy"):
-      element = body.get(element.operands[0])
-    return (
-      element is not None
-      and element.opcode == "get-tuple-element"
-      and element.index == k
-      and (carry := body.get(element.operands[0])) is not None
-      and carry.opcode == "parameter"
-    )
+    element, index = self.operand(root, k)
+    while element is not None and not index and element.opcode in ("bitcast", "copy"):
+      element, index = self.operand(element, 0)
+    if element is not None and not index and element.opcode == "get-tuple-element":
+      element, index = self.operand(element, 0, (element.index,))
+    return element is not None and element.opcode == "parameter" and index == (k,)
 
   def reader_phases(self, instr: _hlo.Instruction, index: tuple = ()) -> set[str]:
     """The phases of the computing instructions that read the value (through the instructions
@@ -162,24 +181,27 @@ class Flow:
       comp = self.module.computations[at.computation]
       if comp.is_entry and at.name in self.roots:
         found.add("output")
-      for user, k in self.users(at):
+      for user, k, element in self.uses(at):
+        if element is not None and index and index[0] != element:
+          continue  # another part of the tuple, read in place (`while.1#2`)
+        rest = index[1:] if element is not None and index else index
         if user.opcode == "get-tuple-element":
-          if not index or index[0] == user.index:
-            todo.append((user, index[1:], depth + 1))
+          if not rest or rest[0] == user.index:
+            todo.append((user, rest[1:], depth + 1))
         elif (
           user.opcode == "tuple"
           and user.is_root
           and not self.module.computations[user.computation].is_entry
         ):  # a loop's next carry, a call's result: its readers
           todo += [
-            (caller, (k,) + index, depth + 1)
+            (caller, (k,) + rest, depth + 1)
             for caller, _ in self.module.callers.get(user.computation, [])
             if caller.opcode in ("while", "call")
           ]
         elif user.opcode == "tuple":
-          todo.append((user, (k,) + index, depth + 1))
+          todo.append((user, (k,) + rest, depth + 1))
         elif user.opcode in _MOVES:
-          todo.append((user, index, depth + 1))
+          todo.append((user, rest, depth + 1))
         elif user.opcode == "fusion":
           found |= self._fused_phases(user, k) | {self.phase_of(user)}
         else:

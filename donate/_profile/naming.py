@@ -58,8 +58,8 @@ def _speaker(module: _hlo.Module, instr: _hlo.Instruction | None, want) -> _hlo.
       instr = callers[0][0] if callers else None
     elif instr.operands and (
       instr.opcode in _FORWARDING or (instr.opcode == "fusion" and not instr.metadata_op)
-    ):  # XLA's fusion without metadata
-      instr = module.find(instr.operands[0], instr.computation)
+    ):  # XLA's fusion without metadata; an operand `while.1#2` is part of `while.1`'s value
+      instr = module.find(_hlo.tuple_element(instr.operands[0])[0], instr.computation)
     else:
       return None
   return None

@@ -53,11 +53,33 @@ def parse(argv: list[str]) -> tuple[str | None, str | None, str | None, list[str
   return out, argv[k], None, argv[k:]
 
 
+_CACHE_HITS = "/jax/compilation_cache/cache_hits"
+_cached: list[str] = []  # one entry per program JAX read from its persistent cache in this run
+
+
 def dump_everything(folder: str) -> None:
-  """Makes XLA dump every module it compiles into `folder` and turns JAX's persistent cache off."""
+  """Makes XLA dump every module it compiles into `folder` and turns JAX's persistent cache off
+  (in this process, whose `jax` is imported already, so the environment variable alone comes too
+  late, and in its children); a program read from the cache all the same (a script that turns it
+  back on) is counted (`cached`)."""
+  import jax
+
   flags = os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={folder} --xla_dump_hlo_as_text".strip()
   os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+  jax.config.update("jax_enable_compilation_cache", False)
+  jax.monitoring.register_event_listener(_count_cache_hit)
+
+
+def _count_cache_hit(event: str, **kwargs) -> None:
+  if event == _CACHE_HITS:
+    _cached.append(event)
+
+
+def cached() -> int:
+  """How many programs JAX read from its persistent compilation cache since `dump_everything`:
+  they were not compiled, so XLA dumped nothing for them."""
+  return len(_cached)
 
 
 def run(script: str | None, module: str | None, argv: list[str]) -> int:
@@ -108,10 +130,24 @@ def profiles(folder: str) -> list:
   return found
 
 
-def summary(found: list, width: int = 100) -> str:
-  """The table: program, peak, fits H100 / B200, the top categories at the peak."""
+def summary(found: list, width: int = 100, cached: int = 0) -> str:
+  """The table: program, peak, fits H100 / B200, the top categories at the peak; `cached`
+  programs read from JAX's persistent compilation cache are counted, not profiled.
+
+  >>> print(summary([], cached=2))
+  donate.profile: 0 compiled programs
+  2 programs read from JAX's persistent compilation cache: not compiled, not profiled
+  program                            peak  H100 B200  top categories at the peak
+  ------------------------------------------------------------------------------
+  """
   head = f"{'program':<28} {'peak':>10}  {'H100':<4} {'B200':<4}  top categories at the peak"
-  lines = [f"donate.profile: {len(found)} compiled programs", head, "-" * len(head)]
+  lines = [f"donate.profile: {len(found)} compiled programs"]
+  if cached:
+    lines.append(
+      f"{cached} program{'s' if cached > 1 else ''} read from JAX's persistent compilation cache: "
+      "not compiled, not profiled"
+    )
+  lines += [head, "-" * len(head)]
   for p in sorted(found, key=lambda p: -p.peak_bytes)[:30]:
     top = ", ".join(f"{g.key} {format_bytes(g.bytes)}" for g in p.by_category()[:3])
     fits = ["yes" if p.fits(d) else "no" for d in ("h100", "b200")]
