@@ -1,6 +1,7 @@
 """The memory doctor (issue 28): the peak in the user's terms (categories from the dataflow), by
 source line with layer counts, measured advice, the persistent compilation cache, the CLI."""
 
+import json
 import os
 import subprocess
 import sys
@@ -537,3 +538,50 @@ def test_the_cli_and_memory_profile_agree_on_a_scan_step(tmp_path):
   text = (tmp_path / "pages" / page).read_text().split("<pre>")[-1]
   block = text[text.index("by category:"):text.index("by source line:")]
   assert block.strip() == out.stdout.strip() and "activations" in block
+
+
+def _free_port() -> int:
+  import socket
+
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_jax_distributed_processes_profile_a_data_parallel_step():
+  """Two processes on 127.0.0.1 (two CPU devices each), one global mesh: each profiles the
+  step it compiled, and its figures are that program's `memory_analysis()`, per device."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "PYTHONPATH": os.pathsep.join([ROOT, here, os.environ.get("PYTHONPATH", "")])}
+  env.pop("XLA_FLAGS", None)
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, os.path.join(here, "_multiprocess_profile_worker.py"),
+                             str(k), str(port)], env=env, cwd=here, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for k in range(2)]
+  outputs = []
+  try:
+    for p in procs:
+      outputs.append((p.communicate(timeout=120)[0], p.returncode))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.communicate()
+  reports = []
+  for out, code in outputs:
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert code == 0 and len(lines) == 1, out[-3000:]
+    reports.append(json.loads(lines[0][len("RESULT "):]))
+  assert sorted(r["process_index"] for r in reports) == [0, 1]
+  for r in reports:
+    assert r["devices"] == 4
+    for name in ("jax.jit", "donate.jit"):
+      got = r[name]
+      assert got["profile"] == got["compiled"], (name, got)
+      assert got["xla_peak"][0] == got["xla_peak"][1] <= got["peak"] <= got["reserved"]
+      assert got["profile"]["alias"] == 2 * 128 * 256 * 4  # both parameters donated
+      assert got["profile"]["argument"] == got["profile"]["alias"] + got["x_bytes"]  # a shard
+      assert got["categories"] == {"params['w1']": "parameters", "params['w2']": "parameters",
+                                   "x": "inputs"}
