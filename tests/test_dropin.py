@@ -486,7 +486,7 @@ def test_a_new_signature_planned_on_the_way_keeps_jax_jits_cpp_dispatch():
     for _ in range(3):
       x, y = s(big(4), big(4))
     assert count() == 1  # the new signature's trace by the gate; its calls run compiled
-  assert s._fast[next(iter(s._fast))].realiased and len(s._fast) == 1
+  assert s._fast[next(iter(s._fast))].prep.realiased and len(s._fast) == 1
 
 
 def test_the_lowered_module_carries_jax_jits_source_locations():

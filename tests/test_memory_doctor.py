@@ -585,3 +585,33 @@ def test_two_jax_distributed_processes_profile_a_data_parallel_step():
       assert got["profile"]["argument"] == got["profile"]["alias"] + got["x_bytes"]  # a shard
       assert got["categories"] == {"params['w1']": "parameters", "params['w2']": "parameters",
                                    "x": "inputs"}
+
+
+def accumulated_step(params, mu, batches):
+  def loss(p, x):
+    return jnp.mean(jnp.tanh(x @ p["w1"]) @ p["w2"]) ** 2
+
+  def micro(acc, x):
+    return jax.tree.map(jnp.add, acc, jax.grad(loss)(params, x)), None
+
+  grads, _ = lax.scan(micro, jax.tree.map(jnp.zeros_like, params), batches)  # microbatch sums
+  mu = jax.tree.map(lambda m, g: 0.9 * m + g, mu, grads)
+  return jax.tree.map(lambda w, m: w - 0.01 * m, params, mu), mu
+
+
+def test_gradient_accumulation_over_microbatches_in_a_loop():
+  """The backward pass runs inside a loop over microbatches (MaxText's
+  gradient_accumulation_steps): the parameters it reads there are parameters, the momentum
+  optimizer state, and the loop's sums of gradients gradients, not a loop's state."""
+  d = 256
+  params = {"w1": jnp.full((d, 2 * d), 0.01), "w2": jnp.full((2 * d, d), 0.01)}
+  p = donate.memory_profile(jax.jit(accumulated_step, donate_argnums=(0, 1)), params, params,
+                            jnp.ones((4, 64, d)))
+  _check_sums(p)
+  assert _categories(p) == {"params['w1']": "parameters", "params['w2']": "parameters",
+                            "mu['w1']": "optimizer state", "mu['w2']": "optimizer state",
+                            "batches": "inputs"}
+  sums = [e for e in p.at_peak if e.kind == "loop carry" and e.source
+          and e.source.endswith(f"{THIS}:{_line('microbatch sums')}")]
+  assert sums and all(e.category == "gradients" for e in sums)
+  assert "state" not in {e.category for e in p.at_peak}

@@ -8,6 +8,7 @@ compile (read here with this file's regular expressions); the profiles themselve
 dump-based ones in test_memory_profile.py.
 """
 
+import dataclasses
 import glob
 import os
 import re
@@ -84,8 +85,10 @@ def test_the_profile_of_a_compiled_alone_needs_no_lowered_program():
   deserialized executable too; both equal the profile of a compile with XLA's dump."""
   g = donate.jit(programs.mlp_step, donate_argnums=0)
   compiled = g.lower(*programs.mlp_args()).compile()
-  expected = _profile.profile_of_lowered(*compiled._lowered)
-  compiled._lowered = (None, None)  # nothing to compile again
+  source = compiled.__donate_program__()  # what the profile reads of it: a `_profile.Source`
+  expected = _profile.profile_of_source(dataclasses.replace(source, compiled=None))  # XLA's dump
+  alone = _profile.profile_of_source(dataclasses.replace(source, lowered=None))  # no compile
+  programs._same(alone, expected)
   programs._same(compiled.memory_profile(), expected)
   assert {e.path for e in expected.at_peak if e.aliased} == {"params['w1']", "params['w2']"}
 

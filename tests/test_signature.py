@@ -7,10 +7,11 @@ import pytest
 
 from donate._base.errors import DonationRuntimeError
 from donate._jit import binding as _binding
-from donate._jit import compiled as _compiled
 from donate._jit import gate as _gate
 from donate._jit import options as _options
+from donate._jit import program as _program
 from donate._jit import signature as _signature
+from donate._xla import hlo as _hlo
 
 
 def function(fun, **kwargs):
@@ -74,25 +75,39 @@ def test_small_placeholders_paired_otherwise_do_not_re_lay_out_a_step():
 
 def test_compile_reads_the_aliases_xla_made_into_the_plan():
   prep, call = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(N), jnp.ones(N))
-  assert prep.compiled is None
-  compiled, plan = prep.compile(call)
-  assert prep.compiled is compiled and prep.lowered is not None
+  program = _program.compile_program(prep, prep.lower(call), call)
+  plan = program.plan
   assert [d.action for d in plan.decisions] == ["aliased", "aliased"]
-  assert prep.in_paths == ["a", "b"]
+  assert program.in_paths == ("a", "b") and program.prep is prep
   # The program keeps the user's results in order: parameter b aliases out[0], a out[1].
-  assert _compiled._realized_aliases(compiled.as_text()) == {1: 0, 0: 1}
+  assert _hlo.input_output_aliases(program.compiled.as_text()) == {1: (0,), 0: (1,)}
   assert [d.output for d in plan.decisions] == ["out[1]", "out[0]"]
   assert plan.memory.temp == 0
+  # A value: compiling made a new plan, the prepared one is as it was planned.
+  assert prep.plan is not plan and prep.plan.memory is None
+
+
+def test_the_signature_cache_compiles_once_and_keeps_its_stages():
+  prep, call = prepare(function(swapped, donate_argnums=(0, 1)), jnp.ones(N), jnp.ones(N))
+  signature = _program.Signature(prep)
+  assert signature.program is None and signature.lowered is None
+  program = signature.compile(call, with_copies=False)
+  assert program.plan.copies is None and signature.program is program
+  detailed = signature.compile(call)  # the copies read now, the same executable
+  assert detailed.compiled is program.compiled and detailed.plan.copies == ()
+  assert signature.program is detailed and program.plan.copies is None
+  other = signature.compile(call, compiler_options={"xla_cpu_enable_fast_math": False})
+  assert other.compiled is not program.compiled and signature.program is detailed
 
 
 def test_run_gives_the_users_output_order_and_consumes_the_donated_leaves():
   fn = function(swapped, donate_argnums=(0, 1))
   a, b = jnp.zeros(N), jnp.zeros(N)
   prep, call = prepare(fn, a, b)
-  prep.compile(call)
+  program = _program.compile_program(prep, prep.lower(call), call)
   pa, pb = a.unsafe_buffer_pointer(), b.unsafe_buffer_pointer()
   with fn.gate:
-    x, y = prep.run((a, b), {}, call.leaves)
+    x, y = program.run((a, b), {}, call.leaves)
   assert x[:2].tolist() == [1.0, 0.0] and y.tolist() == [1.0] * N
   assert (x.unsafe_buffer_pointer(), y.unsafe_buffer_pointer()) == (pb, pa)
   assert a.is_deleted() and b.is_deleted()

@@ -4,7 +4,6 @@ copies it added, and where marked values landed on a GPU target."""
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from jax import tree_util
 
@@ -14,87 +13,126 @@ from donate._base.text import format_bytes, sharding_str
 from donate._plan import donation_plan as _donation_plan
 from donate._plan.decision_types import Action
 from donate._xla import copies as _copies
+from donate._xla import hlo as _hlo
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Parameters:
+  """How a lowered module's `main` parameters line up with the call's leaves.
+
+  Effect tokens and hoisted constants come first (`offset` of them), then the kept inputs (the
+  traced constants, closed-over tracers, ahead of the argument leaves), then the refs the
+  function closes over; effect tokens also come first among the results (`out_tokens`)."""
+
+  leaf: tuple[int | None, ...]  # per kept input: its argument leaf, None for a traced constant
+  offset: int
+  out_tokens: int
+  paths: tuple[str, ...]  # every parameter, named by the user's leaf path or what it is
+
+  def leaf_of(self, param: int) -> int | None:
+    """The argument leaf of parameter `param`, None for any other parameter."""
+    k = param - self.offset
+    return self.leaf[k] if 0 <= k < len(self.leaf) else None
+
+
+def parameters(prep, lowered) -> Parameters:
+  """The `Parameters` of `lowered`, the lowering of signature `prep`."""
+  kept, n_consts = _compat.lowered_kept_leaves(lowered)
+  n_refs = _compat.lowered_closed_over_refs(lowered)  # parameters after the argument leaves
+  offset = _main_param_count(lowered) - len(kept) - n_refs
+  n_traced = _compat.traced_num_consts(prep.traced)
+  leaf = tuple(k - n_traced if k >= n_traced else None for k in kept)
+  names = [d.path for d in prep.plan.decisions]
+  paths = (
+    ("<effect token>",) * (offset - n_consts)
+    + ("<constant>",) * n_consts
+    + tuple(names[i] if i is not None else "<constant>" for i in leaf)
+    + ("<closed-over ref>",) * n_refs
+  )
+  return Parameters(leaf, offset, offset - n_consts, paths)
 
 
 def realize(
-  prep, lowered, compiled, copy_threshold: int, with_copies: bool = True
+  prep, params: Parameters, compiled, copy_threshold: int, with_copies: bool = True
 ) -> _donation_plan.DonationPlan:
   """The plan with the aliases the compiled program really has, its memory figures and the
   copies XLA added (`with_copies=False`: neither the copies nor the memory figures are read yet,
   `copies` is None; a plain call that neither prints the plan nor is strict about copies does not
   pay for reading them: `details` reads them later)."""
-  kept, n_consts = _compat.lowered_kept_leaves(lowered)
-  n_refs = _compat.lowered_closed_over_refs(lowered)  # parameters after the argument leaves
-  n_params = _main_param_count(lowered)
-  offset = n_params - len(kept) - n_refs  # effect tokens and hoisted constants come first
-  n_out_tokens = offset - n_consts
-  n_outputs = len(prep.plan.outputs)  # then the results; refs' write-backs end the results
   text = compiled.as_text()
-  # `kept` counts the traced constants (closed-over tracers) ahead of the argument leaves.
-  n_traced = _compat.traced_num_consts(prep.traced)
-  leaf = [k - n_traced if k >= n_traced else None for k in kept]
-  paths = [d.path for d in prep.plan.decisions]
-  prep.in_paths = (
-    ["<effect token>"] * n_out_tokens
-    + ["<constant>"] * n_consts
-    + [paths[i] if i is not None else "<constant>" for i in leaf]
-    + ["<closed-over ref>"] * n_refs
-  )
-  copies = copies_of(prep, text, copy_threshold) if with_copies else None
-  realized = {}
-  for param, out in _realized_aliases(text).items():
-    k = out - n_out_tokens
-    if not offset <= param < offset + len(leaf) or leaf[param - offset] is None:
-      continue
-    if not 0 <= k < n_outputs:
-      continue  # a ref written back into its own buffer
-    realized[leaf[param - offset]] = k
+  realized = _realized_pairs(params, text, len(prep.plan.outputs))
   shardings = _sharding_differences(prep, compiled, realized)
   memory = _donation_plan.MemoryStats.from_compiled(compiled) if with_copies else None
   plan = prep.plan.realize(realized, memory, shardings, _reused_shardings(prep, compiled, realized))
   placements = None
   if prep.placement is not None:  # a GPU target with marked values: where did they land?
     placements = _symm.placement_report(text, prep.comm)
+  n_refs = params.paths.count("<closed-over ref>")
   notes = plan.notes + (
     (f"{n_refs} jax.Ref(s) the function closes over: written back in place",) if n_refs else ()
   )
+  copies = copies_of(params.paths, prep.traced.jaxpr, text, copy_threshold) if with_copies else None
   return dataclasses.replace(
     plan, copies=copies, copy_threshold=copy_threshold, placements=placements, notes=notes
   )
 
 
-def details(prep, compiled, plan) -> _donation_plan.DonationPlan:
+def _realized_pairs(params: Parameters, text: str, n_outputs: int) -> dict[int, int]:
+  """{argument leaf: user output} of the compiled module's `input_output_alias` (a ref written
+  back into its own buffer, or a constant's alias, is not the plan's)."""
+  realized = {}
+  for param, out in _hlo.input_output_aliases(text).items():
+    leaf, k = params.leaf_of(param), (out[0] if out else 0) - params.out_tokens
+    if leaf is not None and 0 <= k < n_outputs:
+      realized[leaf] = k
+  return realized
+
+
+def details(in_paths, jaxpr, compiled, plan) -> _donation_plan.DonationPlan:
   """The plan with the copies XLA added and the memory figures, read now (see `realize`)."""
   return dataclasses.replace(
     plan,
-    copies=copies_of(prep, compiled, plan.copy_threshold),
+    copies=copies_of(in_paths, jaxpr, compiled, plan.copy_threshold),
     memory=_donation_plan.MemoryStats.from_compiled(compiled),
   )
 
 
-def with_profile(
-  prep, lowered, plan, compiler_options=None, call=None, compiled=None
-) -> _donation_plan.DonationPlan:
-  """The plan with the compiled program's memory profile (`plan.profile`) and, next to each
-  aliased leaf of at least `copy_threshold` bytes, why its donation left the peak high: a
+def source_of(program, plan=None, call=None, compiler_options=None) -> _profile.Source:
+  """What the memory profile reads of `program` (a `program.Program`), named by `plan`
+  (default: its own), its saving measured for the leaves of `call` when given."""
+  prep = program.prep
+  return _profile.Source(
+    prep.fn.name,
+    _profile.signature_of(prep.fn),
+    plan if plan is not None else program.plan,
+    program.in_paths,
+    program.lowered,
+    program.compiled,
+    compiler_options,
+    prep.lower_without_donation(call),
+    prep.traced if prep.jax_own else None,
+  )
+
+
+def with_profile(program, plan, compiler_options=None, call=None) -> _donation_plan.DonationPlan:
+  """`plan` (of `program`) with the compiled program's memory profile (`plan.profile`) and, next
+  to each aliased leaf of at least `copy_threshold` bytes, why its donation left the peak high: a
   temporary of about its size live beside it (`_profile.shadow`), else, when the peak is not
   lower than the same program's compiled without its donations (for the leaves of `call`), that.
   Only when some aliased leaf is that large: otherwise nothing is compiled and `plan.profile`
-  stays None. `compiled` (the signature's `jax.stages.Compiled`) is read as it is where it
-  carries its buffer assignment (CPU programs); otherwise `lowered` is compiled again with XLA's
-  dump."""
+  stays None."""
   if not any(
     d.action == Action.ALIASED and isinstance(d.nbytes, int) and d.nbytes >= plan.copy_threshold
     for d in plan.decisions
   ):
     return plan
-  profile = _profile.profile_of_signature(prep, lowered, plan, compiler_options, call, compiled)
-  found = {s.path: str(s) for s in profile.shadowed if s.bytes >= plan.copy_threshold}
+  profile = _profile.profile_of_source(source_of(program, plan, call, compiler_options))
+  found = {s.path: str(s) for s in profile.shadowed if s.nbytes >= plan.copy_threshold}
   without = profile.peak_without_donation_bytes  # measured whenever `not_lowered` lists any
   if profile.not_lowered and without is not None:
     same = _profile.not_lowered_reason(profile.peak_bytes, without)
     found = {
-      **{e.path: same for e in profile.not_lowered if e.bytes >= plan.copy_threshold},
+      **{e.path: same for e in profile.not_lowered if e.nbytes >= plan.copy_threshold},
       **found,
     }
   decisions = tuple(
@@ -117,12 +155,11 @@ def peak_problems(plan, function: str) -> list[str]:
   return _profile.peak_problems(plan.profile, function, plan.copy_threshold)
 
 
-def copies_of(prep, compiled_or_text, threshold: int) -> tuple:
-  """The copies XLA added to a compiled signature, its parameters named by the user's paths."""
+def copies_of(in_paths, jaxpr, compiled_or_text, threshold: int) -> tuple:
+  """The copies XLA added to a compiled signature, its parameters named by `in_paths` (the
+  user's leaf paths), read against the traced `jaxpr`."""
   text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
-  return _copies.find_copies(
-    text, in_paths=prep.in_paths, threshold=threshold, jaxpr=prep.traced.jaxpr
-  )
+  return _copies.find_copies(text, in_paths=list(in_paths), threshold=threshold, jaxpr=jaxpr)
 
 
 def _sharding_differences(prep, compiled, realized) -> dict[int, tuple[str, str]]:
@@ -167,18 +204,3 @@ def _main_param_count(lowered) -> int:
     if getattr(op, "sym_name", None) is not None and op.sym_name.value == "main":
       return len(op.regions[0].blocks[0].arguments)
   return 0
-
-
-def _realized_aliases(compiled_text: str) -> dict[int, int]:
-  """Parses `input_output_alias={ {out}: (param, {}, kind), ... }` into {param: out}."""
-  start = compiled_text.find("input_output_alias={")
-  if start < 0:
-    return {}
-  section = compiled_text[start : compiled_text.find("\n", start)]
-  out = {}
-  for out_index, param in _ALIAS_RE.findall(section):
-    out[int(param)] = int(out_index.split(",")[0]) if out_index.strip() else 0
-  return out
-
-
-_ALIAS_RE = re.compile(r"\{([\d,\s]*)\}:\s*\((\d+),\s*\{[^}]*\},\s*[\w-]+\)")

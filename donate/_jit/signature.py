@@ -1,6 +1,7 @@
-"""One planned call signature of a `donate.jit` function: trace -> plan -> lower -> compile -> run.
+"""One planned call signature of a `donate.jit` function: the trace -> plan steps of its pipeline.
 
-`prepare` plans a traced signature (`_pairing.make_plan`) and decides how it runs:
+`prepare` plans a traced signature (`pairing.make_plan`) into a frozen `Prepared`, and decides how
+it runs:
 
 * the plan equals what `jax.jit` does by itself (the common case: the same pairs, no in-function
   annotations): the gate, a `jax.jit` of the user's function, lowers, compiles and runs it, so the
@@ -16,8 +17,9 @@
   marked jaxpr, its results in the user's order, with the plan's aliases set the same way
   (`Prepared.inner`).
 
-`Prepared.compile` reads the compiled module's `input_output_alias`, memory figures, copies and
-placements into the plan (`_compiled.realize`) before anything runs.
+`Prepared.lower` gives a new `jax.stages.Lowered`; `program.compile_program` compiles it into a
+`program.Program`, whose plan has what XLA made of this one (`compiled.realize`), before anything
+runs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import dataclasses
 import gc
 import os
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -40,9 +41,7 @@ from donate._base import compat as _compat
 from donate._base import errors as _errors
 from donate._base import text as _text
 from donate._base.primitives import remember_donate_jit
-from donate._base.text import format_bytes
 from donate._jit import binding as _binding
-from donate._jit import compiled as _compiled
 from donate._jit import gate as _gate
 from donate._jit import options as _options
 from donate._jit import route as _route
@@ -50,7 +49,6 @@ from donate._plan import dataflow as _dataflow
 from donate._plan import donation_plan as _donation_plan
 from donate._plan import pairing as _pairing
 from donate._plan.decision_types import Action, Cause, Request
-from donate._xla import copies as _copies
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -79,9 +77,10 @@ class Inner:
     return self.outputs(self.jitted(*leaves))
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Prepared:
-  """One planned signature: its trace, plan, how it runs, and its staged objects once made.
+  """One planned signature: its trace, its plan and how it runs (a value: lowering and compiling
+  make new ones, `program.Program`, and never write into it).
 
   It holds no reference back to its `JitWrapped` (no cycle), so dropping the function frees
   everything at once, as dropping a `jax.jit` function does.
@@ -91,61 +90,71 @@ class Prepared:
   call: _binding.Call  # the call's structure (its leaves are not kept)
   traced: Any  # jax.stages.Traced of the gate
   plan: _donation_plan.DonationPlan
-  native: bool  # True: jax.jit's lowering of the gate's trace (its own plan, or `realiased`)
-  inner: Inner | None  # the replay over the flat leaves, when `native` is False
+  inner: Inner | None  # the replay over the flat leaves, when not `native`
   realiased: bool = False  # the gate's lowering with the plan's aliases, run as compiled
   first_come: Callable[[str], Any] | None = None  # the first-come plan, given why it is used
-  lowered: Any = None  # jax.stages.Lowered
-  compiled: Any = None  # jax.stages.Compiled
   in_shardings: tuple = ()  # the traced input shardings, per leaf (None where not known)
   comm: tuple = ()  # the values marked for symmetric memory (`_symm.comm_buffers`)
   placement: Any = None  # the `_symm` placement policy, on GPU targets with marked values
-  in_paths: list | None = None  # the compiled module's parameters as the user's leaf paths
-  lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+  @property
+  def native(self) -> bool:
+    """Whether the program is jax.jit's lowering of the gate's trace (its own plan, or
+    `realiased`), not a replay."""
+    return self.inner is None
+
+  @property
+  def jax_own(self) -> bool:
+    """Whether `jax.jit`'s own program runs this signature (its pairs, its lowering)."""
+    return self.native and not self.realiased
 
   @property
   def donated(self) -> frozenset[int]:
     """The leaves the program donates (as `jax.jit`'s `args_info[...].donated` reports them)."""
-    if self.native and not self.realiased:
+    if self.jax_own:
       return frozenset(self.fn.binding.donated_leaves(self.call))
     return frozenset(self.plan.layout.donated)
 
-  def run(self, args, kwargs, leaves, cached: bool = False):
-    """Runs the call (`cached`: found by its pytree structure alone, so arguments of other
-    shapes, dtypes or shardings raise `_gate.Replan` and take the slow path)."""
-    if self.realiased:  # the compiled program with the plan's aliases, called as jax.jit's AOT
-      args, kwargs = self.fn.binding.dynamic(args, kwargs)
-      if not cached:
-        return self.compiled(*args, **kwargs)
-      try:
-        return self.compiled(*args, **kwargs)
-      except (TypeError, ValueError):  # another signature: JAX checks before running anything
-        raise _gate.Replan() from None
-    if self.native or self.inner is None:  # inner is None exactly when native
-      return self.fn.jitted(*args, **kwargs)
-    return self.inner(leaves)
+  def as_first_come(self, why: str) -> Prepared:
+    """This signature planned and run as `jax.jit` pairs it (`why`: the plan's note)."""
+    assert self.first_come is not None, "only a re-paired signature has a first-come twin"
+    return dataclasses.replace(self, plan=self.first_come(why), realiased=False, first_come=None)
 
-  def lower(self, call: _binding.Call, **lower_kwargs):
-    """The jax.stages.Lowered of this signature; warns (or raises) for unusable donations."""
-    with self.lock:
-      if self.lowered is not None and not lower_kwargs:
-        return self.lowered
+  def lower(self, call: _binding.Call, lower_kwargs: dict | None = None, warn: bool = True):
+    """A new jax.stages.Lowered of this signature (`lower_kwargs`: JAX's lowering keywords, as
+    `jax.export` passes them); warns (`warn`; or raises) for unusable donations."""
 
-      def lower():
-        if self.native:
-          traced = self.traced
-        else:
+    def lower():
+      if self.native:
+        traced = self.traced
+      else:
+        assert self.inner is not None  # not native: replayed
+        traced = self.inner.jitted.trace(*call.leaves)
+        remember_donate_jit(traced.jaxpr)
+      lowered = traced.lower(**(lower_kwargs or {}))
+      if self.jax_own:
+        return lowered
+      return self.with_plan_aliases(lowered, _compat.traced_num_consts(traced))
+
+    return self.checked_lowering(lower, warn=warn)
+
+  def lower_without_donation(self, call: _binding.Call | None):
+    """For the memory profile's saving: a thunk lowering this signature with no donated input
+    (None when it donates nothing), or None when the call's leaves are not at hand."""
+    if call is None or (not self.native and any(x is None for x in call.leaves)):
+      return None
+
+    def lower():
+      if self.native:
+        traced = self.traced
+      else:
+        assert self.inner is not None
+        with self.fn.gate:
           traced = self.inner.jitted.trace(*call.leaves)
-          remember_donate_jit(traced.jaxpr)
-        lowered = traced.lower(**lower_kwargs)
-        if self.native and not self.realiased:
-          return lowered
-        return self.with_plan_aliases(lowered, _compat.traced_num_consts(traced))
+      twin = _compat.traced_without_donation(traced)
+      return None if twin is None else twin.lower()
 
-      lowered = self.checked_lowering(lower, warn=not lower_kwargs)
-      if not lower_kwargs:
-        self.lowered = lowered
-      return lowered
+    return lower
 
   def with_plan_aliases(self, jax_lowered, n_traced: int):
     """`jax_lowered` (the gate's lowering, the inner replay's, or one for `jax.export`) whose
@@ -174,65 +183,8 @@ class Prepared:
       warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
       lowered = lower()
     if warn and self.plan.unusable:
-      _warn_unusable(self.plan.explain_unusable())
+      warn_unusable(self.plan.explain_unusable())
     return lowered
-
-  def compile(
-    self,
-    call: _binding.Call,
-    compiler_options=None,
-    device_assignment=None,
-    with_copies: bool = True,
-    with_profile: bool = False,
-  ):
-    """`(compiled, plan)`: compiles and folds the compiled aliases into the plan (the copies XLA
-    added too, unless `with_copies=False` and the function is not strict about them; the memory
-    profile, which names the donations that left the peak high, with `with_profile` or
-    `strict="copies"`: `_compiled.with_profile` reads the compiled program and compiles it once
-    more without its donations to measure what they saved)."""
-    lowered = self.lower(call)
-    with_copies = with_copies or self.fn.options.strict_copies
-    with_profile = with_profile or self.fn.options.strict_copies
-    with self.lock:
-      if self.compiled is not None and compiler_options is None and device_assignment is None:
-        if with_copies and self.plan.copies is None:
-          self.plan = _compiled.details(self, self.compiled, self.plan)
-        if with_profile and self.plan.profile is None:
-          self.plan = _compiled.with_profile(
-            self, lowered, self.plan, call=call, compiled=self.compiled
-          )
-        return self.compiled, self.plan
-      given = {"compiler_options": compiler_options, "device_assignment": device_assignment}
-      kwargs = {k: v for k, v in given.items() if v is not None}
-      compiled = lowered.compile(**kwargs)
-      options = self.fn.options
-      copies = with_copies or bool(kwargs)
-      plan = _compiled.realize(self, lowered, compiled, options.copy_threshold, copies)
-      if self.realiased and not kwargs and self.compiled is None:
-        lowered, compiled, plan = _lower_peak_of_two(self, lowered, compiled, plan, with_copies)
-      explicit = [d for d in plan.unusable if d.request == Request.ALIAS]
-      if explicit or (options.strict_unusable and len(plan.unusable) > len(self.plan.unusable)):
-        raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
-      pairs = zip(plan.decisions, self.plan.decisions)
-      late = [d for d, was in pairs if d.action == Action.UNUSABLE and was.action == Action.ALIASED]
-      if late and self.compiled is None:
-        # Planned aliases the compiled program does not have: said once per compile, as lower
-        # says the unusable donations it foresaw (a donor XLA did not reuse is silent, as in
-        # jax.jit).
-        _warn_unusable(plan.explain_unusable(late))
-      if with_profile:
-        plan = _compiled.with_profile(self, lowered, plan, compiler_options, call, compiled)
-      copied: list[str] = []
-      if options.strict_copies:
-        name = self.fn.name
-        copied = _copies.strict_problems(plan.copies, name) + _compiled.peak_problems(plan, name)
-      if copied:
-        raise _errors.DonationError("\n".join(copied))
-      if plan.placements is not None:
-        plan.placements.check(strict=options.strict_unusable)
-      if not kwargs:
-        self.compiled, self.plan = compiled, plan
-      return compiled, plan
 
   def check_duplicates(self, call: _binding.Call, plan: _donation_plan.DonationPlan | None = None):
     """The same buffer twice where one is donated: raise before dispatch, naming both leaves."""
@@ -256,45 +208,14 @@ class Prepared:
           raise _errors.DonationRuntimeError(problem)
 
 
-def _lower_peak_of_two(prep: Prepared, lowered, compiled, plan, with_copies: bool):
-  """Where XLA copies a donated buffer of the re-paired program anyway, `jax.jit`'s own
-  first-come program is compiled too and the one with the lower peak kept (once per
-  signature); the plan says which, and why."""
-  threshold = prep.fn.options.copy_threshold
-  copies = (
-    plan.copies if plan.copies is not None else _compiled.copies_of(prep, compiled, threshold)
-  )
-  consumed = {d.path for d in plan.decisions if d.consumed}
-  copied = sorted({c.input_path for c in copies if c.input_path in consumed})
-  if not copied or prep.first_come is None:
-    return lowered, compiled, plan
-  with prep.fn.gate, warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
-    theirs_lowered = prep.traced.lower()
-  theirs = theirs_lowered.compile()
-  ours_peak = _donation_plan.MemoryStats.from_compiled(compiled)
-  theirs_peak = _donation_plan.MemoryStats.from_compiled(theirs)
-  if ours_peak is None or theirs_peak is None:
-    return lowered, compiled, plan
-  mine, fcfs = format_bytes(ours_peak.peak), format_bytes(theirs_peak.peak)
-  why = f"XLA copies {', '.join(copied)} in the re-paired program: peak {mine}, first come, "
-  why += f"first served {fcfs}"
-  if ours_peak.peak < theirs_peak.peak:
-    note = why + "; the re-paired program is kept"
-    return lowered, compiled, dataclasses.replace(plan, notes=plan.notes + (note,))
-  prep.plan = prep.first_come(why + "; jax.jit's own is kept")
-  prep.realiased, prep.lowered = False, theirs_lowered
-  realized = _compiled.realize(prep, theirs_lowered, theirs, threshold, with_copies)
-  return theirs_lowered, theirs, realized
-
-
 def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   """Plans one traced signature and builds what runs it; lowers and compiles nothing."""
   with _collector_paused():
     return _prepare(fn, call, traced)
 
 
-def _warn_unusable(text: str) -> None:
+def warn_unusable(text: str) -> None:
+  """The plan's unusable-donation warning, pointing at the user's line."""
   warnings.warn(text, _errors.UnusableDonationWarning, stacklevel=_user_stacklevel())
 
 
@@ -318,59 +239,88 @@ def _collector_paused():
     gc.enable()
 
 
-def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
-  n_consts = _compat.traced_num_consts(traced)
-  closed = traced.jaxpr
-  marked = _symm.mark_required(closed)
-  flow = _dataflow.analyze(marked, skip=n_consts)
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Facts:
+  """What planning reads of one traced call: its jaxpr (and the one marked for symmetric
+  memory), its dataflow, the leaves and outputs as the planner sees them, their shardings."""
+
+  fn: Function
+  traced: Any
+  marked: Any  # the traced jaxpr with symmetric-memory marks (itself when there are none)
+  flow: Any  # _dataflow.Dataflow
+  leaves: list
+  outputs: list
+  in_sh: list
+  out_sh: list
+  has_layouts: bool
+  requested: Any  # the leaves donate_argnums/donate_argnames ask for
+  xla_decides: bool  # pairs XLA decides after partitioning (sharded leaves)
+
+  def plan(self, first_come: str = ""):
+    """`(plan, comm)`: the donation plan (as `jax.jit` pairs, given `first_come`: why)."""
+    return _make_plan(
+      self.fn, self.leaves, self.outputs, self.requested, self.flow, self.marked,
+      self.xla_decides, first_come,
+    )  # fmt: skip
+
+
+def _facts(fn: Function, call: _binding.Call, traced) -> _Facts:
+  marked = _symm.mark_required(traced.jaxpr)
+  flow = _dataflow.analyze(marked, skip=_compat.traced_num_consts(traced))
   leaves, outputs, in_sh, out_sh, has_layouts = _arguments(fn, call, traced)
-  requested = fn.binding.donated_leaves(call)
   xla_decides = _route.xla_decides(leaves, outputs)
-  plan, comm = _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides)
-  policy, gpu_options = None, {}
-  if comm:  # values marked for symmetric memory: placed when the program compiles for GPUs
-    platform = _symm.target_platform(
-      [leaf.sharding_obj for leaf in leaves] + [o.sharding_obj for o in outputs],
-      jax.default_backend(),
-    )
-    policy = _symm.placement_policy(platform, comm, enabled=fn.options.symmetric_placement)
-    gpu_options = dict(policy.options)
-  if gpu_options and policy is not None:  # gpu_options come from the policy
+  requested = fn.binding.donated_leaves(call)
+  return _Facts(fn, traced, marked, flow, leaves, outputs, in_sh, out_sh, has_layouts, requested,
+                xla_decides)  # fmt: skip
+
+
+def _placement(facts: _Facts, comm):
+  """The symmetric-memory placement policy when marked values compile for GPUs with placement
+  options, else None."""
+  if not comm:
+    return None
+  every = [leaf.sharding_obj for leaf in facts.leaves] + [o.sharding_obj for o in facts.outputs]
+  platform = _symm.target_platform(every, jax.default_backend())
+  policy = _symm.placement_policy(platform, comm, enabled=facts.fn.options.symmetric_placement)
+  return policy if policy.options else None
+
+
+def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
+  """Plans, then routes: jax.jit's own program, the gate's lowering re-aliased, or a replay."""
+  facts = _facts(fn, call, traced)
+  plan, comm = facts.plan()
+  policy = _placement(facts, comm)
+  if policy is not None:
     plan = dataclasses.replace(plan, notes=plan.notes + policy.placed_too)
-  replay = marked is not closed or bool(gpu_options)
-  replay = replay or (xla_decides and _route.refs_beside_donors(plan, leaves, closed))
+  closed, leaves, options = traced.jaxpr, facts.leaves, fn.options
+  replay = facts.marked is not closed or policy is not None
+  replay = replay or (facts.xla_decides and _route.refs_beside_donors(plan, leaves, closed))
   native = not replay and _route.is_native(
-    fn.options, plan, leaves, outputs, requested, flow, xla_decides
+    options, plan, leaves, facts.outputs, facts.requested, facts.flow, facts.xla_decides
   )
+  n_consts = _compat.traced_num_consts(traced)
   why = _route.first_come_only(
-    fn.options, plan, leaves, requested, flow, has_layouts, n_consts, replay, native
+    options, plan, leaves, facts.requested, facts.flow, facts.has_layouts, n_consts, replay, native
   )
-  if why == _route.SAME_PAIRS:
-    native = True
-  elif why:
-    plan, comm = _make_plan(
-      fn, leaves, outputs, requested, flow, marked, xla_decides, first_come=why
-    )
-    native, replay = True, False
-  inner = _inner(fn, marked, plan, traced, leaves, in_sh, out_sh, gpu_options) if replay else None
+  if why and why != _route.SAME_PAIRS:
+    plan, comm = facts.plan(first_come=why)
+  native, replay = native or bool(why), replay and not why
+  inner = None
+  if replay:
+    gpu_options = dict(policy.options) if policy is not None else {}
+    inner = _inner(fn, facts.marked, plan, traced, leaves, facts.in_sh, facts.out_sh, gpu_options)
   structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
-  realiased = not (native or replay)
-
-  def first_come(why: str):
-    return _make_plan(fn, leaves, outputs, requested, flow, marked, xla_decides, first_come=why)[0]
-
   return Prepared(
     fn,
     structure,
     traced,
     plan,
-    not replay,
     inner,
-    realiased=realiased,
-    first_come=first_come if realiased else None,
-    in_shardings=tuple(in_sh),
+    realiased=not (native or replay),
+    first_come=None if native or replay else (lambda why: facts.plan(first_come=why)[0]),
+    in_shardings=tuple(facts.in_sh),
     comm=tuple(comm),
-    placement=policy if gpu_options else None,
+    placement=policy,
   )
 
 

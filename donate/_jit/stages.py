@@ -10,14 +10,18 @@ user's order), the inputs' answers are put back into the user's pytrees.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
 from jax import tree_util
 
-from donate._base import compat as _compat
+from donate import _profile
 from donate._base import errors as _errors
+from donate._jit import binding as _binding
 from donate._jit import compiled as _compiled
+from donate._jit.program import Program, Signature
+from donate._jit.signature import Prepared
 
 
 def _inputs_flat(tree) -> list:
@@ -28,7 +32,7 @@ def _inputs_flat(tree) -> list:
 class _Stage:
   """The members shared by the three stages, answered in the user's pytrees."""
 
-  def __init__(self, prep, jax_stage, jax_native: bool = False):
+  def __init__(self, prep: Prepared, jax_stage, jax_native: bool = False):
     self._prep, self._jax = prep, jax_stage
     self._jax_native = jax_native  # made by jax.jit's own lowering, whatever the plan's path
 
@@ -94,9 +98,9 @@ class Traced(_Stage):
   (['mul'], '<lambda>')
   """
 
-  def __init__(self, prep, call):
-    super().__init__(prep, prep.traced)
-    self._call = call
+  def __init__(self, signature: Signature, call: _binding.Call):
+    super().__init__(signature.prepared, signature.prepared.traced)
+    self._signature, self._call = signature, call
 
   @property
   def plan(self):
@@ -128,21 +132,18 @@ class Traced(_Stage):
       )
       if v is not None
     }
-    if kwargs:
-      return Lowered(self._prep, self._call, _lower_for_export(self._prep, kwargs), jax_native=True)
-    return Lowered(self._prep, self._call, self._prep.lower(self._call))
+    sig = self._signature
+    if kwargs:  # as `jax.export` lowers: `jax.jit`'s lowering, the plan's aliases and donors set
+      prep = sig.prepared
+      prep = dataclasses.replace(prep, inner=None, realiased=not prep.jax_own)
+      return Lowered(sig, self._call, prep.lower(self._call, kwargs), jax_native=True)
+    return Lowered(sig, self._call, sig.lower(self._call))
 
   def __call__(self, *args, **kwargs):
     return self._prep.traced(*args, **kwargs)
 
-
-def _lower_for_export(prep, kwargs):
-  """`jax.jit`'s lowering with `kwargs` (as `jax.export` lowers: platforms, lowering parameters)
-  whose `main` aliases and donates what the plan says; warns, or raises in strict mode, for
-  unusable donations first, as every other lowering does. Symbolic shapes pair as `jax.jit` pairs
-  them: by equal shape expressions."""
-  lowered = prep.checked_lowering(lambda: prep.traced.lower(**kwargs))
-  return prep.with_plan_aliases(lowered, _compat.traced_num_consts(prep.traced))
+  def __donate_program__(self) -> _profile.Source:
+    return self.lower().__donate_program__()
 
 
 class Lowered(_Stage):
@@ -154,13 +155,15 @@ class Lowered(_Stage):
 
   >>> import jax.numpy as jnp, donate
   >>> lowered = donate.jit(lambda x: x + 1, donate_argnums=0).lower(jnp.ones(4))
-  >>> "tf.aliasing_output = 0" in lowered.as_text(), lowered.plan.bytes_requested
+  >>> "tf.aliasing_output = 0" in lowered.as_text(), lowered.plan.requested_bytes
   (True, 16)
   """
 
-  def __init__(self, prep, call, jax_lowered, jax_native: bool = False):
-    super().__init__(prep, jax_lowered, jax_native)
-    self._call = call
+  def __init__(
+    self, signature: Signature, call: _binding.Call, jax_lowered, jax_native: bool = False
+  ):
+    super().__init__(signature.prepared, jax_lowered, jax_native)
+    self._signature, self._call = signature, call
 
   @property
   def plan(self):
@@ -179,12 +182,16 @@ class Lowered(_Stage):
     """Compiles; the returned `Compiled.plan` has the aliases XLA really made."""
     if self._jax_native:
       compiled = self._jax.compile(compiler_options, device_assignment=device_assignment)
-      result = Compiled(self._prep, compiled, self._prep.plan, jax_native=True)
-    else:
-      compiled, plan = self._prep.compile(self._call, compiler_options, device_assignment)
-      result = Compiled(self._prep, compiled, plan)
-    result._lowered = (self, compiler_options)  # for memory_profile: compiled again with a dump
-    return result
+      paths = _compiled.parameters(self._prep, self._jax).paths
+      program = Program(self._prep, self._jax, compiled, self._prep.plan, paths)
+      return Compiled(program, self._call, compiler_options, jax_native=True)
+    program = self._signature.compile(self._call, compiler_options, device_assignment)
+    return Compiled(program, self._call, compiler_options)
+
+  def __donate_program__(self) -> _profile.Source:
+    paths = _compiled.parameters(self._prep, self._jax).paths
+    program = Program(self._prep, self._jax, None, self._prep.plan, paths)
+    return _compiled.source_of(program, call=self._call)
 
 
 class Compiled(_Stage):
@@ -198,11 +205,12 @@ class Compiled(_Stage):
   ([2.0, 2.0, 2.0, 2.0], True, 0)
   """
 
-  _lowered: tuple  # (Lowered, compiler options), set by `Lowered.compile` for memory_profile
-
-  def __init__(self, prep, jax_compiled, plan, jax_native: bool = False):
-    super().__init__(prep, jax_compiled, jax_native)
-    self._plan = plan
+  def __init__(
+    self, program: Program, call: _binding.Call, compiler_options=None, jax_native: bool = False
+  ):
+    super().__init__(program.prep, program.compiled, jax_native)
+    self._program, self._plan = program, program.plan
+    self._call, self._compiler_options = call, compiler_options
 
   @property
   def plan(self):
@@ -228,12 +236,7 @@ class Compiled(_Stage):
     >>> [(r.nbytes, r.count, r.input_path) for r in compiled.copies()][:1]
     [(262144, 4, 'buf')]
     """
-    if (threshold is None or threshold == self._plan.copy_threshold) and (
-      self._plan.copies is not None
-    ):
-      return self._plan.copies
-    threshold = self._plan.copy_threshold if threshold is None else threshold
-    return _compiled.copies_of(self._prep, self._jax, threshold)
+    return self._program.copies(self._plan.copy_threshold if threshold is None else threshold)
 
   def cost_analysis(self):
     return self._jax.cost_analysis()
@@ -257,12 +260,11 @@ class Compiled(_Stage):
     >>> p.alias_bytes == compiled.memory_analysis().alias_size_in_bytes == 4096
     True
     """
-    from donate import _profile
+    return _profile.profile_of_source(self.__donate_program__())
 
-    lowered, options = getattr(self, "_lowered", (None, None))
-    baseline = _profile.baseline_of(self._prep, getattr(lowered, "_call", None))
-    return _profile.profile_of_compiled(
-      self, _profile.signature_of(self._prep.fn), lowered, options, baseline
+  def __donate_program__(self) -> _profile.Source:
+    return _compiled.source_of(
+      self._program, call=self._call, compiler_options=self._compiler_options
     )
 
   def runtime_executable(self):
@@ -294,7 +296,7 @@ class Compiled(_Stage):
 
   def __call__(self, *args, **kwargs):
     if self._native:  # jax.jit's own compiled call, with its own argument checks
-      if self._plan.bytes_requested:
+      if self._plan.requested_bytes:
         self._check_duplicates(self._prep.fn.binding.bind_dynamic(args, kwargs))
       return self._jax(*args, **kwargs)
     call = self._prep.fn.binding.bind_dynamic(args, kwargs)

@@ -29,6 +29,7 @@ from donate._jit import binding as _binding
 from donate._jit import gate as _gate
 from donate._jit import into as _into
 from donate._jit import options as _options
+from donate._jit import program as _program
 from donate._jit import signature as _signature
 from donate._jit import stages as _stages
 from donate._plan import donation_plan as _donation_plan
@@ -74,8 +75,8 @@ class JitWrapped:
     self._plain_only = self._gated.strong
     self._native_only = False  # every signature so far runs on the gate: skip flattening
     self._single = None  # the compiled program of the one re-paired signature, if that is all
-    self._fast: dict[Any, _signature.Prepared] = {}
-    self._prepared: dict[Any, _signature.Prepared] = {}
+    self._fast: dict[Any, _program.Program] = {}  # by the call's structure
+    self._prepared: dict[Any, _program.Signature] = {}  # by its trace and its leaves' facts
     self._into: JitWrapped | None = None
     self._lock = threading.RLock()
     self._plans = _gate.Plans(self, name)  # cleared with JAX's caches (jax.clear_caches())
@@ -87,7 +88,7 @@ class JitWrapped:
 
   # ---- calling ---------------------------------------------------------------------------------
   def __call__(self, *args, **kwargs):
-    fn, prep = self._fn, None
+    fn, program = self._fn, None
     try:  # inside another trace too: a cache hit there carries the donation (see _primitives)
       if self._native_only:  # jax.jit's own C++ dispatch, nothing in between
         return fn.jitted(*args, **kwargs) if kwargs else fn.jitted(*args)
@@ -99,17 +100,18 @@ class JitWrapped:
           pass
       if self._fast:
         call = fn.binding.bind(args, kwargs)
-        prep = self._fast.get(call.key)
-        if prep is not None:
-          return prep.run(args, kwargs, call.leaves, cached=True)
+        program = self._fast.get(call.key)
+        if program is not None:
+          return program.run(args, kwargs, call.leaves, cached=True)
     except _gate.Replan:  # the C++ entry of this signature is now "fall back to Python": drop it
+      prep = program.prep if program is not None else None
       if prep is None or prep.inner is not None or not prep.realiased:
         _compat.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner else fn.jitted)
     except (jax.errors.JaxRuntimeError, ValueError):
       # One array in two places (JAX rejects it when one is donated): name both leaves.
       if _compat.trace_state_clean() and _binding.repeats_an_array(fn.binding, args, kwargs):
-        prep, call = self._prepare(args, kwargs)
-        prep.check_duplicates(call)
+        signature, call = self._prepare(args, kwargs)
+        signature.prepared.check_duplicates(call)
       raise
     return self._call_slow(args, kwargs)
 
@@ -120,16 +122,16 @@ class JitWrapped:
       return self._fn.fun(*args, **kwargs)
     if not _compat.trace_state_clean():
       return self._nested(args, kwargs)
-    prep, call = self._prepare(args, kwargs)
-    prep.compile(call, with_copies=False)  # the copies are read when the plan is asked for
-    prep.check_duplicates(call)
+    signature, call = self._prepare(args, kwargs)
+    program = signature.compile(call, with_copies=False)  # copies: read when a plan is asked
+    program.check_duplicates(call)
     with self._fn.gate:
-      out = prep.run(args, kwargs, call.leaves)
+      out = program.run(args, kwargs, call.leaves)
     with self._lock:
-      self._fast[prep.call.key] = prep
-      self._native_only = all(p.native and not p.realiased for p in self._fast.values())
-      only = len(self._fast) == 1 and prep.realiased and not self._fn.binding.has_static
-      self._single = prep.compiled if only else None
+      self._fast[call.key] = program
+      self._native_only = all(p.prep.jax_own for p in self._fast.values())
+      only = len(self._fast) == 1 and program.prep.realiased and not self._fn.binding.has_static
+      self._single = program.compiled if only else None
     return out
 
   def _nested(self, args, kwargs):
@@ -148,17 +150,18 @@ class JitWrapped:
       return self._fn.jitted(*args, **kwargs)
 
   # ---- planning --------------------------------------------------------------------------------
-  def _prepare(self, args, kwargs) -> tuple[_signature.Prepared, _binding.Call]:
+  def _prepare(self, args, kwargs) -> tuple[_program.Signature, _binding.Call]:
     """Traces (through jax.jit) and plans this call; lowers and compiles nothing yet."""
     traced = self._trace(args, kwargs)
     call = self._fn.binding.bind(args, kwargs)
     key = (id(traced.jaxpr), call.key, tuple(map(_binding.meta_key, call.leaves)))
     with self._lock:
       hit = self._prepared.get(key)
-      if hit is not None and hit.traced.jaxpr is traced.jaxpr:
+      if hit is not None and hit.prepared.traced.jaxpr is traced.jaxpr:
         return hit, call
-      prep = self._prepared[key] = _signature.prepare(self._fn, call, traced)
-      return prep, call
+      prepared = _signature.prepare(self._fn, call, traced)
+      signature = self._prepared[key] = _program.Signature(prepared)
+      return signature, call
 
   def _trace(self, args, kwargs):
     if self._plain_only:  # raises, or answers, as jax.jit does
@@ -173,13 +176,11 @@ class JitWrapped:
     """Traces, plans and compiles for these arguments; executes and consumes nothing.
 
     When an aliased leaf has at least `copy_threshold` bytes, `plan.profile` is the program's
-    `donate.MemoryProfile`, with what the donations saved at the peak (measured by one more
-    compile, without them), and such a leaf whose donation left the peak high says so in its
-    reason: a temporary of about its size live beside it, or a peak not lower than without the
-    donations.
-    """
-    prep, call = self._prepare(args, kwargs)
-    return prep.compile(call, with_profile=True)[1]
+    `donate.MemoryProfile`, with what the donations saved at the peak (one more compile, without
+    them); a leaf whose donation left the peak high says so in its reason: a temporary of about
+    its size live beside it, or a peak not lower than without the donations."""
+    signature, call = self._prepare(args, kwargs)
+    return signature.compile(call, with_profile=True).plan
 
   def trace(self, *args, **kwargs) -> _stages.Traced:
     """Traces for these arguments; a `jax.stages.Traced` with the plan (`.plan`)."""
@@ -211,9 +212,9 @@ class JitWrapped:
 
   def _forget(self):
     with self._lock:
-      for prep in self._prepared.values():
-        if prep.inner is not None:
-          prep.inner.jitted.clear_cache()
+      for signature in self._prepared.values():
+        if signature.prepared.inner is not None:
+          signature.prepared.inner.jitted.clear_cache()
       self._prepared.clear()
       self._fast.clear()
       self._native_only = False
@@ -222,7 +223,7 @@ class JitWrapped:
   def _cache_size(self) -> int:
     """How many compiled signatures this function holds (`jax.jit`'s `_cache_size()`)."""
     with self._lock:
-      return len({id(p) for p in self._prepared.values() if p.compiled is not None})
+      return len({id(s) for s in self._prepared.values() if s.program is not None})
 
   def __get__(self, obj, objtype=None):
     if obj is None:

@@ -36,6 +36,7 @@ from donate._profile import baseline as _baseline
 from donate._profile import errors, liverange, naming, proto, reading
 from donate._profile.assemble import assemble
 from donate._profile.profile import MemoryProfile, Saving
+from donate._profile.source import DonateProgram, Source
 from donate._xla import hlo as _hlo
 from donate._xla import hlo_dump as _hlo_dump
 
@@ -79,23 +80,18 @@ def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
   a jax.stages.Compiled keeps no traced program to compile again without its donations (profile \
 the function with its arguments)
   """
-  if hasattr(jitted, "_prep") and hasattr(jitted, "memory_profile"):
-    return jitted.memory_profile()
+  if isinstance(jitted, DonateProgram):  # a donate.jit stage names its own program
+    return profile_of_source(jitted.__donate_program__())
   if isinstance(jitted, jax.stages.Compiled):
     return profile_of_compiled(jitted, baseline=_baseline.Baseline(why=_baseline.COMPILED_ALONE))
-  if _is_donate_lowered(jitted):
-    lowered, baseline = jitted, _baseline.of_signature(jitted._prep, jitted._call)
-  elif isinstance(jitted, jax.stages.Lowered):
+  if isinstance(jitted, jax.stages.Lowered):
     lowered, baseline = jitted, _baseline.Baseline(why=_baseline.LOWERED_ALONE)
   elif callable(getattr(jitted, "trace", None)):
     traced = jitted.trace(*args, **kwargs)
-    lowered = traced.lower()
-    baseline = (
-      _baseline.of_signature(traced._prep, traced._call)
-      if hasattr(traced, "_prep")
-      else _baseline.of_traced(traced)
-    )
-    if not hasattr(traced, "_prep") and isinstance(traced, jax.stages.Traced):
+    if isinstance(traced, DonateProgram):
+      return profile_of_source(traced.__donate_program__())
+    lowered, baseline = traced.lower(), _baseline.of_traced(traced)
+    if isinstance(traced, jax.stages.Traced):
       profile = profile_of_lowered(lowered, signature=_signature(jitted), baseline=baseline)
       return dataclasses.replace(profile, program=_program(lowered, profile.platform, traced))
   elif callable(getattr(jitted, "lower", None)):
@@ -123,15 +119,6 @@ def _program(lowered, platform: str, traced=None, options=None) -> _advice.Progr
     return _peak(_compat.traced_with_donation(traced, leaves).lower(), {}, platform)
 
   return _advice.Program(compile_with, donating if traced is not None else None)
-
-
-def _is_donate_lowered(obj) -> bool:
-  return (
-    hasattr(obj, "_prep")
-    and callable(getattr(obj, "compile", None))
-    and hasattr(obj, "as_text")
-    and not hasattr(obj, "memory_analysis")
-  )
 
 
 def _signature(fn):
@@ -191,11 +178,8 @@ def profile_of_compiled(
   elif dump is None:
     errors.no_buffer_assignment(compiled, missing)
   else:
-    profile = measured(
-      _named(compiled, dump, _hlo.parse_module(compiled.as_text()), signature),
-      baseline,
-      compiler_options,
-    )
+    module = _hlo.parse_module(compiled.as_text())
+    profile = measured(_profile(compiled, dump, module, signature), baseline, compiler_options)
   if lowered is None:
     return profile
   return dataclasses.replace(
@@ -210,35 +194,22 @@ def profile_of_lowered(lowered, compiler_options=None, signature=None, baseline=
   With `xla_dump_to` among `compiler_options` the dump is written there and kept.
   """
   compiled, dump, module = _compile_with_dump(lowered, compiler_options)
-  return measured(_named(compiled, dump, module, signature), baseline, compiler_options)
+  return measured(_profile(compiled, dump, module, signature), baseline, compiler_options)
 
 
-def _named(compiled, dump, module, signature) -> MemoryProfile:
-  """The profile of a `jax.jit` compile, or of a `donate.jit` one named by its plan."""
-  prep = getattr(compiled, "_prep", None)
-  if prep is None:
-    return _profile(compiled, dump, module, signature)
-  return _profile(
-    compiled, dump, module, signature, prep.fn.name, _donate_names(compiled.plan, prep)
-  )
-
-
-def profile_of_signature(
-  prep, lowered, plan, compiler_options=None, call=None, compiled=None
-) -> MemoryProfile:
-  """The profile of one `donate.jit` signature (`prep`: the `_signature.Prepared`), its
-  parameters and outputs named by `plan`, and what its donations saved (measured by compiling it
-  again without them, for the leaves of `call`). `compiled` (its `jax.stages.Compiled`) is read
-  as it is where it carries its buffer assignment; otherwise, and without it, its
-  `jax.stages.Lowered` is compiled again with the dump."""
-  compiled, dump, module = _assignment(compiled, lowered, compiler_options)
-  profile = _profile(
-    compiled, dump, module, signature_of(prep.fn), prep.fn.name, _donate_names(plan, prep)
-  )
-  profile = measured(profile, _baseline.of_signature(prep, call), compiler_options)
-  return dataclasses.replace(
-    profile, program=_program(lowered, profile.platform, options=compiler_options)
-  )
+def profile_of_source(src: Source) -> MemoryProfile:
+  """The profile of a `donate.jit` program (`Source`): its compiled program read as it is where
+  it carries its buffer assignment, else its lowering compiled again with XLA's dump; parameters
+  and outputs named by its plan; what its donations saved measured by lowering it again without
+  them, when that is at hand."""
+  options = src.compiler_options
+  compiled, dump, module = _assignment(src.compiled, src.lowered, options)
+  names = _donate_names(src.plan, src.in_paths)
+  profile = _profile(compiled, dump, module, src.signature, src.name, names)
+  baseline = _baseline.Baseline(src.lower_without_donation, _baseline.COMPILED_ALONE)
+  profile = measured(profile, baseline, options)
+  program = _program(src.lowered, profile.platform, src.traced, options)
+  return dataclasses.replace(profile, program=program)
 
 
 def measured(profile: MemoryProfile, baseline, compiler_options=None) -> MemoryProfile:
@@ -381,12 +352,12 @@ def _jax_names(compiled, module) -> dict:
   return out
 
 
-def _donate_names(plan, prep) -> dict:
+def _donate_names(plan, paths) -> dict:
   """Paths of a `donate.jit` program: its parameters as the plan's leaves, its outputs as the
   user's output leaves (every program returns them in the user's order)."""
   out_paths = [o.path for o in plan.outputs]
   consumed = {i for i, d in enumerate(plan.decisions) if d.requested}
-  in_paths = list(prep.in_paths or [])
+  in_paths = list(paths or [])
   donated = tuple(
     k for k, p in enumerate(in_paths) if any(plan.decisions[i].path == p for i in consumed)
   )

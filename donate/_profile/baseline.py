@@ -51,21 +51,3 @@ def _lowered_without_donation(traced):
   """`traced` lowered with no donated input; None when it donates nothing."""
   twin = _compat.traced_without_donation(traced)
   return None if twin is None else twin.lower()
-
-
-def of_signature(prep, call) -> Baseline:
-  """The baseline of one `donate.jit` signature (`prep`: its `_signature.Prepared`; `call`: the
-  call it was lowered for): the gate's trace when `jax.jit`'s own lowering runs it, else the
-  re-laid-out inner call's, traced again for the same leaves (a hit in `jax.jit`'s trace cache)."""
-  if prep is None or call is None or (not prep.native and any(x is None for x in call.leaves)):
-    return Baseline(None, COMPILED_ALONE)
-
-  def lower():
-    if prep.native:
-      traced = prep.traced
-    else:
-      with prep.fn.gate:
-        traced = prep.inner.jitted.trace(*call.leaves)
-    return _lowered_without_donation(traced)
-
-  return Baseline(lower)

@@ -138,6 +138,9 @@ def temporary_category(flow: Flow, entry, of_argument: dict) -> str:
   ):
     return of_argument.get(instr.parameter_number, "inputs")
   made = flow.phase_of(instr)
+  if made == "other" and instr is not None and instr.opcode == "while" and index:
+    if flow.made_from_backward(instr, index[0]):  # a sum of gradients over microbatches
+      made = "backward"
   readers = flow.reader_phases(instr, index) if instr is not None else set()
   if made == "forward" and "backward" in readers:
     return "activations"

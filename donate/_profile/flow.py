@@ -203,31 +203,26 @@ class Flow:
         elif user.opcode in _MOVES:
           todo.append((user, rest, depth + 1))
         elif user.opcode == "fusion":
-          found |= self._fused_phases(user, k) | {self.phase_of(user)}
+          found |= _fused_phases(self, user, k) | {self.phase_of(user)}
         else:
           found.add(self.phase_of(user))
+          todo += [(p, rest, depth + 1) for p in self._entered(user, k)]  # its readers inside
       if at.is_root and comp.is_entry is False:
         for caller, _ in self.module.callers.get(at.computation, []):
           if caller.opcode in ("call", "while", "conditional") and len(found) < 4:
             todo.append((caller, index, depth + 1))
     return found
 
-  def _fused_phases(self, fusion: _hlo.Instruction, k: int) -> set[str]:
-    """The phases of the instructions of `fusion`'s kernel that read its operand `k` (XLA fuses
-    a forward instruction into a backward kernel: each keeps its own name stack)."""
-    found: set[str] = set()
-    for name in fusion.calls:
-      comp = self.module.computations.get(name)
-      param = comp.parameter(k) if comp is not None else None
-      todo = [param] if param is not None else []
-      while todo:
-        at = todo.pop()
-        for user, _ in self.users(at):
-          if user.opcode in _MOVES and len(found) < 4:
-            todo.append(user)
-          elif user.metadata_op:
-            found.add(phase(user.metadata_op))
-    return found
+  def _entered(self, user: _hlo.Instruction, k: int) -> list:
+    """The parameters that hold operand `k` of a loop or call inside the computations it runs
+    (a loop's carry: its body's parameter)."""
+    if user.opcode == "while":
+      body = self._body(user)
+      return [p for p in (body.parameter(k),) if p is not None] if body is not None else []
+    if user.opcode != "call":
+      return []
+    comps = [self.module.computations.get(c) for c in user.calls]
+    return [p for c in comps if c is not None and (p := c.parameter(k)) is not None]
 
   def computed_from(self, k: int) -> dict[int, int]:
     """Entry parameter -> the fewest computing instructions between it and output `k`."""
@@ -256,16 +251,66 @@ class Flow:
 
   def depends_on_backward(self, k: int) -> bool:
     """Whether output `k` is computed from a value of a backward pass (within `DEPTH`)."""
-    m = self.module
     if k >= len(self.roots):
       return False
-    todo, seen = [(m.find(_hlo.tuple_element(self.roots[k])[0], m.entry.name), 0)], set()
+    base, element = _hlo.tuple_element(self.roots[k])
+    return self.made_from_backward(self.module.find(base, self.module.entry.name), element)
+
+  def made_from_backward(self, instr: _hlo.Instruction | None, element: int | None = None) -> bool:
+    """Whether the value of `instr` (its tuple element `element`) is computed from a value of a
+    backward pass within `DEPTH` computing instructions: through the instructions that move it,
+    and into the loops and calls that return it (gradients summed over microbatches in a loop
+    are the loop's carry, computed in its body)."""
+    todo, seen = [(instr, element, 0)], set()
     while todo:
-      instr, d = todo.pop()
-      if instr is None or instr.name in seen or d > DEPTH:
+      at, element, d = todo.pop()
+      if at is None or (at.name, element) in seen or d > DEPTH:
         continue
-      seen.add(instr.name)
-      if self.phase_of(instr) == "backward" and instr.opcode not in _MOVES:
+      seen.add((at.name, element))
+      if at.opcode not in _MOVES + ("parameter",) and self.phase_of(at) == "backward":
         return True
-      todo += [(m.find(_hlo.tuple_element(n)[0], instr.computation), d + 1) for n in instr.operands]
+      todo += _sources(self, at, element, d)
     return False
+
+
+def _fused_phases(flow: Flow, fusion: _hlo.Instruction, k: int) -> set[str]:
+  """The phases of the instructions of `fusion`'s kernel that read its operand `k` (XLA fuses
+  a forward instruction into a backward kernel: each keeps its own name stack)."""
+  found: set[str] = set()
+  for name in fusion.calls:
+    comp = flow.module.computations.get(name)
+    param = comp.parameter(k) if comp is not None else None
+    todo = [param] if param is not None else []
+    while todo:
+      at = todo.pop()
+      for user, _ in flow.users(at):
+        if user.opcode in _MOVES and len(found) < 4:
+          todo.append(user)
+        elif user.metadata_op:
+          found.add(phase(user.metadata_op))
+  return found
+
+
+def _sources(flow: Flow, at: _hlo.Instruction, element: int | None, d: int) -> list:
+  """(instruction, tuple element, depth) of the values `at`'s value (its `element`) is made
+  from: a tuple's operand, a loop's or call's returned element, a loop body's carry before the
+  first iteration, else every operand (one computing instruction further)."""
+  op, m = at.opcode, flow.module
+
+  def one(src, index):
+    return (src, index[0] if len(index) == 1 else None)
+
+  if op == "get-tuple-element" and at.index is not None:
+    return [(*one(*flow.operand(at, 0, (at.index,))), d)]
+  if op == "tuple" and element is not None and element < len(at.operands):
+    return [(*one(*flow.operand(at, element)), d)]
+  if op in ("while", "call") and element is not None:
+    comps = [flow._body(at)] if op == "while" else [m.computations.get(c) for c in at.calls]
+    return [(c.root, element, d) for c in comps if c is not None and c.root is not None]
+  if op == "parameter":
+    callers = m.callers.get(at.computation, [])
+    if not callers or callers[0][0].opcode != "while":
+      return []
+    return [(*one(*flow.operand(callers[0][0], 0, () if element is None else (element,))), d)]
+  step = 0 if op in _MOVES else 1
+  return [(*one(*flow.operand(at, j)), d + step) for j in range(len(at.operands))]

@@ -1,7 +1,7 @@
 """A structural reader of compiled HLO text (`jax.stages.Compiled.as_text()`).
 
 One parser for every reader of the compiled program: the copy report (`donate._xla.copies`) and the
-symmetric-memory checks (`donate._symm_*`). `parse_module` returns computations of instructions
+symmetric-memory checks (`donate._symm`). `parse_module` returns computations of instructions
 (name, shape with each array's memory space, opcode, operands, called computations), the module's
 `input_output_alias`, and the source-location tables newer XLA prints (`FileNames`,
 `FunctionNames`, `FileLocations`, `StackFrames`, referred to by `stack_frame_id`). Attributes
@@ -46,11 +46,9 @@ COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-pe
 """The HLO collective opcodes that XLA:GPU can place in collective memory (sync or async form)."""
 
 # fmt: off
-_ITEMSIZE = {
-    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4,
-    "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
-    "token": 0, "opaque": 0,
-}
+_ITEMSIZE = {"pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2,
+    "s32": 4, "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8,
+    "c128": 16, "token": 0, "opaque": 0}
 # fmt: on
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 _MEMORY_SPACE = re.compile(r"S\((\d+)\)")
@@ -394,6 +392,14 @@ def _instruction(line: str, position: int, computation: str) -> Instruction | No
     operands = tuple(_operand_name(p) for p in split_top(inside))
   name, tail = name.strip().lstrip("%"), rest[close_at:]
   return Instruction(name, shape, opcode, operands, inside, tail, position, computation, is_root)
+
+
+def input_output_aliases(text: str) -> dict[int, tuple[int, ...]]:
+  """`parse_module(text).aliases`, read from the module's header line alone (every compile
+  reads it; parsing the whole module would cost more)."""
+  start = max(text.find("HloModule"), 0)
+  end = text.find("\n", start)
+  return _aliases(text[start : end if end >= 0 else len(text)])
 
 
 def _aliases(header: str) -> dict[int, tuple[int, ...]]:

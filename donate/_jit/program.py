@@ -1,0 +1,208 @@
+"""A signature's compiled program, and the cache cell that keeps each signature's stages.
+
+A call flows trace -> plan (`signature.prepare`: a frozen `Prepared`) -> lower (`Prepared.lower`:
+JAX's `Lowered`) -> compile and realize (`compile_program`: a frozen `Program`, whose plan has the
+aliases XLA made) -> run (`Program.run`). Each step returns a new value and writes into none of
+the earlier ones. `Signature` is the cache of one signature: it keeps the newest value of each
+stage (as `jax.jit`'s caches keep its lowering and executable) and is the only thing on the path
+that changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import warnings
+from typing import Any
+
+from donate._base import errors as _errors
+from donate._base.text import format_bytes
+from donate._jit import binding as _binding
+from donate._jit import compiled as _compiled
+from donate._jit import gate as _gate
+from donate._jit.signature import Prepared, warn_unusable
+from donate._plan import donation_plan as _donation_plan
+from donate._plan.decision_types import Action, Request
+from donate._xla import copies as _copies
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+  """One signature compiled: the program that runs it and the plan with what XLA made of it."""
+
+  prep: Prepared  # the signature as it runs (`jax.jit`'s own pairs when the peak check kept them)
+  lowered: Any  # jax.stages.Lowered
+  compiled: Any  # jax.stages.Compiled
+  plan: _donation_plan.DonationPlan
+  in_paths: tuple[str, ...]  # the compiled module's parameters as the user's leaf paths
+
+  def run(self, args, kwargs, leaves, cached: bool = False):
+    """Runs the call (`cached`: found by its pytree structure alone, so arguments of other
+    shapes, dtypes or shardings raise `gate.Replan` and take the slow path)."""
+    prep = self.prep
+    if prep.realiased:  # the compiled program with the plan's aliases, called as jax.jit's AOT
+      args, kwargs = prep.fn.binding.dynamic(args, kwargs)
+      if not cached:
+        return self.compiled(*args, **kwargs)
+      try:
+        return self.compiled(*args, **kwargs)
+      except (TypeError, ValueError):  # another signature: JAX checks before running anything
+        raise _gate.Replan() from None
+    if prep.inner is None:  # native: the gate runs jax.jit's own program
+      return prep.fn.jitted(*args, **kwargs)
+    return prep.inner(leaves)
+
+  def check_duplicates(self, call: _binding.Call) -> None:
+    self.prep.check_duplicates(call, self.plan)
+
+  def copies(self, threshold: int) -> tuple:
+    """The copies XLA added of at least `threshold` bytes (`CopyRecord`s)."""
+    if threshold == self.plan.copy_threshold and self.plan.copies is not None:
+      return self.plan.copies
+    return _compiled.copies_of(self.in_paths, self.prep.traced.jaxpr, self.compiled, threshold)
+
+  def with_details(self) -> Program:
+    """This program with the copies XLA added and the memory figures read (once)."""
+    if self.plan.copies is not None:
+      return self
+    jaxpr = self.prep.traced.jaxpr
+    plan = _compiled.details(self.in_paths, jaxpr, self.compiled, self.plan)
+    return dataclasses.replace(self, plan=plan)
+
+  def with_profile(self, call=None, compiler_options=None) -> Program:
+    """This program with its memory profile in the plan (`_compiled.with_profile`)."""
+    if self.plan.profile is not None and compiler_options is None:
+      return self
+    plan = _compiled.with_profile(self, self.plan, compiler_options, call)
+    return dataclasses.replace(self, plan=plan)
+
+
+def compile_program(
+  prep: Prepared,
+  lowered,
+  call: _binding.Call,
+  compiler_options: dict | None = None,
+  device_assignment=None,
+  with_copies: bool = True,
+  with_profile: bool = False,
+  first: bool = True,
+) -> Program:
+  """Compiles `lowered` (a lowering of `prep`) and reads the program back into the plan (the
+  copies XLA added too, unless `with_copies=False` and the function is not strict about them;
+  the memory profile with `with_profile` or `strict="copies"`). `first`: the signature's first
+  compile with its own options, which says late unusable donations and, for a re-paired program
+  that XLA copies anyway, compares its peak with `jax.jit`'s own (`_lower_peak_of_two`)."""
+  options = prep.fn.options
+  given = {"compiler_options": compiler_options, "device_assignment": device_assignment}
+  kwargs = {k: v for k, v in given.items() if v is not None}
+  with_copies = with_copies or options.strict_copies or bool(kwargs)
+  program = _realized(prep, lowered, lowered.compile(**kwargs), with_copies)
+  if prep.realiased and first and not kwargs:
+    program = _lower_peak_of_two(program, with_copies)
+  _check_unusable(program, prep.plan, warn_late=first)
+  if with_profile or options.strict_copies:
+    program = program.with_profile(call, compiler_options)
+  if options.strict_copies:
+    name = prep.fn.name
+    found = _copies.strict_problems(program.plan.copies, name)
+    found += _compiled.peak_problems(program.plan, name)
+    if found:
+      raise _errors.DonationError("\n".join(found))
+  if program.plan.placements is not None:
+    program.plan.placements.check(strict=options.strict_unusable)
+  return program
+
+
+def _realized(prep: Prepared, lowered, compiled, with_copies: bool) -> Program:
+  params = _compiled.parameters(prep, lowered)
+  threshold = prep.fn.options.copy_threshold
+  plan = _compiled.realize(prep, params, compiled, threshold, with_copies)
+  return Program(prep, lowered, compiled, plan, params.paths)
+
+
+def _check_unusable(program: Program, planned: _donation_plan.DonationPlan, warn_late: bool):
+  """Raises for an explicit alias XLA did not make (or, in strict mode, any donation unusable
+  after compiling that was not before); says planned aliases the program does not have, once per
+  signature (`warn_late`), as lowering says the unusable donations it foresaw (a donor XLA did
+  not reuse is silent, as in jax.jit)."""
+  plan = program.plan
+  explicit = [d for d in plan.unusable if d.request == Request.ALIAS]
+  strict = program.prep.fn.options.strict_unusable
+  if explicit or (strict and len(plan.unusable) > len(planned.unusable)):
+    raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
+  pairs = zip(plan.decisions, planned.decisions)
+  late = [d for d, was in pairs if d.action == Action.UNUSABLE and was.action == Action.ALIASED]
+  if late and warn_late:
+    warn_unusable(plan.explain_unusable(late))
+
+
+def _lower_peak_of_two(ours: Program, with_copies: bool) -> Program:
+  """Where XLA copies a donated buffer of the re-paired program anyway, `jax.jit`'s own
+  first-come program is compiled too and the one with the lower peak kept (once per
+  signature); the plan says which, and why."""
+  prep, plan = ours.prep, ours.plan
+  copies = plan.copies if plan.copies is not None else ours.copies(prep.fn.options.copy_threshold)
+  consumed = {d.path for d in plan.decisions if d.consumed}
+  copied = sorted({c.input_path for c in copies if c.input_path in consumed})
+  if not copied or prep.first_come is None:
+    return ours
+  with prep.fn.gate, warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
+    theirs_lowered = prep.traced.lower()
+  theirs_compiled = theirs_lowered.compile()
+  ours_peak = _donation_plan.MemoryStats.from_compiled(ours.compiled)
+  theirs_peak = _donation_plan.MemoryStats.from_compiled(theirs_compiled)
+  if ours_peak is None or theirs_peak is None:
+    return ours
+  mine, fcfs = format_bytes(ours_peak.peak_bytes), format_bytes(theirs_peak.peak_bytes)
+  why = f"XLA copies {', '.join(copied)} in the re-paired program: peak {mine}, first come, "
+  why += f"first served {fcfs}"
+  if ours_peak.peak_bytes < theirs_peak.peak_bytes:
+    note = why + "; the re-paired program is kept"
+    return dataclasses.replace(ours, plan=dataclasses.replace(plan, notes=plan.notes + (note,)))
+  first_come = prep.as_first_come(why + "; jax.jit's own is kept")
+  return _realized(first_come, theirs_lowered, theirs_compiled, with_copies)
+
+
+class Signature:
+  """The cache of one planned signature: its `Prepared`, its lowering and its `Program`, each
+  the newest value (the compile check may replace the `Prepared` by its first-come twin)."""
+
+  __slots__ = ("prepared", "lowered", "program", "lock")
+
+  def __init__(self, prepared: Prepared):
+    self.prepared = prepared
+    self.lowered: Any = None  # jax.stages.Lowered of `prepared`, once lowered
+    self.program: Program | None = None
+    self.lock = threading.Lock()
+
+  def lower(self, call: _binding.Call):
+    """The signature's jax.stages.Lowered (lowered once; warns for unusable donations then)."""
+    with self.lock:
+      if self.lowered is None:
+        self.lowered = self.prepared.lower(call)
+      return self.lowered
+
+  def compile(
+    self, call, compiler_options=None, device_assignment=None, with_copies=True, with_profile=False
+  ) -> Program:
+    """The signature's `Program`: compiled once with its own options (then kept), or afresh with
+    `compiler_options` / `device_assignment` (not kept)."""
+    lowered = self.lower(call)
+    strict = self.prepared.fn.options.strict_copies
+    with self.lock:
+      kept = self.program
+      if kept is not None and compiler_options is None and device_assignment is None:
+        if with_copies or strict:
+          kept = kept.with_details()
+        if with_profile or strict:
+          kept = kept.with_profile(call)
+        self.program = kept
+        return kept
+      program = compile_program(
+        self.prepared, lowered, call, compiler_options, device_assignment,
+        with_copies, with_profile, first=kept is None,
+      )  # fmt: skip
+      if compiler_options is None and device_assignment is None:
+        self.program, self.prepared, self.lowered = program, program.prep, program.lowered
+      return program
