@@ -92,7 +92,7 @@ def main(argv=None) -> int:
   for name, jitted, inputs in programs(args):
     plain, build, _ = build_cost(jitted, inputs)
     profile = donate.memory_profile(jitted, *inputs)
-    top = ", ".join(f"{g.key} {format_bytes(g.bytes)}" for g in profile.by_category()[:4])
+    top = ", ".join(f"{g.key} {format_bytes(g.total_bytes)}" for g in profile.by_category()[:4])
     print(f"| {name} | {plain:.2f} | {build:.3f} | {build / plain:.1%} | "
           f"{format_bytes(profile.peak_bytes)} | {top} |")
     found.append((name, plain, profile))
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
   for name, _, profile in found:
     print(f"{name}: by source line at the peak")
     for row in profile.by_line()[:4]:
-      print(f"  {format_bytes(row.bytes):>10}  {row}")
+      print(f"  {format_bytes(row.total_bytes):>10}  {row}")
   return 0
 
 

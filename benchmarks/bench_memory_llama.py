@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     fit = p.fits("h100")
     print(f"| {name} | {gib(p.argument_bytes)} | {gib(p.output_bytes)} | {gib(p.alias_bytes)} "
           f"| {gib(p.temp_bytes)} | {gib(p.peak_bytes)} | {gib(p.reserved_bytes)} "
-          f"| {'yes' if fit else 'no'}, headroom {gib(fit.headroom)} | {t:.1f} |")
+          f"| {'yes' if fit else 'no'}, headroom {gib(fit.headroom_bytes)} | {t:.1f} |")
   print()
   print(f"donating {gib(donated.alias_bytes)} GiB per device lowers the allocated total by "
         f"{gib(plain.reserved_bytes - donated.reserved_bytes)} GiB and the peak by "

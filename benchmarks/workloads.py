@@ -44,7 +44,7 @@ def grad_accum_rows(width: int = 512, micro: int = 4, batch: int = 32):
                   ("donate.jit, donate_buffer in the scan body only",
                    donate.jit(examples.grad_accum_step_annotated))):
     plan = g.plan(params, acc, batches)
-    rows.append((name, plan.memory.peak, plan.memory.temp))
+    rows.append((name, plan.memory.peak_bytes, plan.memory.temp_bytes))
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   batch_bytes = sum(x.nbytes for x in jax.tree.leaves(batches))
   floor = 3 * param_bytes + batch_bytes  # params + accumulators + one gradient, and the data
@@ -70,7 +70,7 @@ def prealloc_rows(T: int, width: int):
     m = jax.jit(fill).lower(xs).compile().memory_analysis()
     plan = donate.jit(fill).into(jnp.empty((T, width))).plan(xs)
     rows.append((name, m.temp_size_in_bytes, m.output_size_in_bytes - m.alias_size_in_bytes,
-                 plan.memory.temp, plan.memory.output - plan.memory.alias))
+                 plan.memory.temp_bytes, plan.memory.output_bytes - plan.memory.alias_bytes))
   return rows
 
 

@@ -99,8 +99,8 @@ def _temp_allocation(text: str):
   temps = [a for a in _hlo_dump.parse_buffer_assignment(text) if "preallocated-temp" in a.kind]
   if not temps:
     raise ValueError("the module has no preallocated temp allocation")
-  largest = max(temps, key=lambda a: a.size)
-  return largest.size, largest.values
+  largest = max(temps, key=lambda a: a.nbytes)
+  return largest.nbytes, largest.values
 
 
 def main(argv=None) -> int:

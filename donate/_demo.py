@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from donate._base import compat as _compat
 from donate._base.text import format_bytes
 from donate._jit import wrapper as _jit
-from donate._plan.donation_plan import MemoryStats
+from donate._plan.memory_stats import MemoryStats
 
 
 def swapped_update(a, b):
@@ -65,8 +65,8 @@ def compare_swapped(n: int = 2**26, steps: int = 10) -> list[Row]:
   rows = [
     Row(
       "donate.jit",
-      plan.bytes_requested,
-      plan.bytes_reused,
+      plan.requested_bytes,
+      plan.reused_bytes,
       plan.memory,
       _time_steps(ours, make, steps, feed),
     )
@@ -78,7 +78,9 @@ def compare_swapped(n: int = 2**26, steps: int = 10) -> list[Row]:
       memory = MemoryStats.from_compiled(fn.lower(*shapes).compile())
     assert memory is not None, "the CPU backend reports memory statistics"
     rows.append(
-      Row(name, len(donated) * n * 4, memory.alias, memory, _time_steps(fn, make, steps, feed))
+      Row(
+        name, len(donated) * n * 4, memory.alias_bytes, memory, _time_steps(fn, make, steps, feed)
+      )
     )
   return rows
 
@@ -101,9 +103,9 @@ def table(rows: list[Row], reference: str) -> str:
       r.name,
       format_bytes(r.donated),
       format_bytes(r.reused),
-      format_bytes(r.memory.temp),
-      format_bytes(r.memory.peak),
-      f"{r.memory.peak / ref.memory.peak:.2f}x",
+      format_bytes(r.memory.temp_bytes),
+      format_bytes(r.memory.peak_bytes),
+      f"{r.memory.peak_bytes / ref.memory.peak_bytes:.2f}x",
       f"{r.seconds * 1e3:.2f}",
       f"{r.seconds / ref.seconds:.2f}x",
     )

@@ -9,7 +9,7 @@ else. `assign_offsets` is the offset engine under every pool.
 >>> import jax, jax.numpy as jnp
 >>> from donate import planner
 >>> plan = planner.plan_memory(lambda x: jnp.sin(x) * 2, jnp.ones(16), alignment=64)
->>> plan.arena.size, plan.collective_memory_bytes  # x, and sin's buffer reused in place by * 2
+>>> plan.arena.nbytes, plan.collective_memory_bytes  # x, and sin's buffer reused in place by * 2
 (128, 0)
 """
 
@@ -95,7 +95,7 @@ def plan_memory(
   >>> [(b.name, b.role, str(b.live_range)) for b in plan.buffers]
   [('x', 'input', '[0, 3)'), ('y', 'input', '[0, 3)'), ('buf2', 'regular', '[0, 2)'),
    ('buf3', 'regular', '[1, 3)'), ('out', 'output', '[2, 3)')]
-  >>> plan.arena.size, plan.arena.lower_bound  # tanh and + reuse the matmul's buffer in place
+  >>> plan.arena.nbytes, plan.arena.lower_bound_bytes  # tanh and + reuse the matmul's buffer
   (768, 768)
   """
   closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args, **kwargs)

@@ -68,6 +68,7 @@ from donate._symm.registry import (
 )
 from donate._symm.registry import clear as _clear
 from donate._symm.registry import requirements as _requirements
+from donate._symm.report import CollectiveUse as CollectiveUse
 from donate._symm.report import Placement as Placement
 from donate._symm.report import PlacementReport as PlacementReport
 from donate._symm.report import placement_report as placement_report
@@ -79,9 +80,11 @@ from donate._symm.size import xla_collective_memory as xla_collective_memory
 from donate._symm.trace import CommBuffer as CommBuffer
 from donate._symm.trace import comm_buffers as comm_buffers
 from donate._symm.xla import PlacementPolicy as PlacementPolicy
+from donate._symm.xla import SpecEntry as SpecEntry
 from donate._symm.xla import compile_options_for as compile_options_for
 from donate._symm.xla import placement_policy as placement_policy
 from donate._symm.xla import target_platform as target_platform
+from donate._xla.hlo_dump import XlaAllocation as XlaAllocation
 
 __all__ = [
   # annotations
@@ -100,14 +103,17 @@ __all__ = [
   "placement_policy",
   "compile_options_for",
   "PlacementPolicy",
+  "SpecEntry",
   "configure",
   # where the values landed, and how much collective memory it takes
   "placement_report",
   "PlacementReport",
   "Placement",
+  "CollectiveUse",
   "SymmetricMemoryWarning",
   "xla_collective_memory",
   "XlaCollectiveMemory",
+  "XlaAllocation",
   "sizing_table",
   "SizingRow",
   # all of it for one program

@@ -7,10 +7,20 @@ intent in the jaxpr at any nesting depth (see `donate._base.primitives`), and th
 
 from donate._base.primitives import alias as alias
 from donate._base.primitives import donate_buffer as donate_buffer
+from donate._jit.into import Into as Into
 from donate._jit.stages import Compiled as Compiled
 from donate._jit.stages import Lowered as Lowered
 from donate._jit.stages import Traced as Traced
 from donate._jit.wrapper import JitWrapped as JitWrapped
 from donate._jit.wrapper import jit as jit
 
-__all__ = ["Compiled", "JitWrapped", "Lowered", "Traced", "alias", "donate_buffer", "jit"]
+__all__ = [
+  "Compiled",
+  "Into",
+  "JitWrapped",
+  "Lowered",
+  "Traced",
+  "alias",
+  "donate_buffer",
+  "jit",
+]

@@ -15,7 +15,9 @@ from typing import Any
 
 from donate._base import errors as _errors
 from donate._base.text import format_bytes, is_symbolic, shape_text, sharding_str
+from donate._plan import memory_stats as _memory_stats
 from donate._plan.decision_types import Action, Cause, Kind, Request
+from donate._plan.memory_stats import MemoryStats
 from donate._xla import copies as _copies
 
 # The plain names of the enum members, as earlier versions spelled them (each equals its string).
@@ -171,41 +173,6 @@ class LeafDecision:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class MemoryStats:
-  """The compiled program's own memory figures (`Compiled.memory_analysis()`), in bytes.
-
-  >>> import jax.numpy as jnp, donate
-  >>> m = donate.jit(lambda a: a * 2, donate_argnums=0).plan(jnp.ones(256)).memory
-  >>> m.argument, m.output, m.alias, m.temp, m.peak
-  (1024, 1024, 1024, 0, 1024)
-  """
-
-  argument: int
-  output: int
-  alias: int
-  temp: int
-  generated_code: int
-
-  @property
-  def peak(self) -> int:
-    """Arguments + outputs - aliased + temporaries: what the step holds at once."""
-    return self.argument + self.output - self.alias + self.temp
-
-  @classmethod
-  def from_compiled(cls, compiled) -> MemoryStats | None:
-    stats = compiled.memory_analysis()
-    if stats is None:
-      return None
-    return cls(
-      int(stats.argument_size_in_bytes),
-      int(stats.output_size_in_bytes),
-      int(stats.alias_size_in_bytes),
-      int(stats.temp_size_in_bytes),
-      int(stats.generated_code_size_in_bytes),
-    )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class Layout:
   """The leaves the compiled program donates: the paired inputs and the buffer donors, in flat
   order. Arguments and results keep the user's order."""
@@ -224,7 +191,7 @@ class DonationPlan:
   >>> plan = f.plan(jnp.zeros(2**16), jnp.zeros(2**16))
   >>> [(d.path, str(d.action), d.output) for d in plan.decisions]
   [('a', 'aliased', 'out[1]'), ('b', 'aliased', 'out[0]')]
-  >>> plan.bytes_requested, plan.bytes_reused
+  >>> plan.requested_bytes, plan.reused_bytes
   (524288, 524288)
   """
 
@@ -244,14 +211,24 @@ class DonationPlan:
   profile: Any = dataclasses.field(default=None, compare=False)
 
   @property
-  def bytes_requested(self) -> int:
+  def requested_bytes(self) -> int:
     """Bytes of every leaf whose donation was asked for."""
     return sum(d.nbytes for d in self.decisions if d.requested)
 
   @property
-  def bytes_reused(self) -> int:
+  def reused_bytes(self) -> int:
     """Bytes of donated leaves whose buffer an output really reuses."""
     return sum(d.nbytes for d in self.decisions if d.action == ALIASED)
+
+  @property
+  def bytes_requested(self) -> int:
+    """The old name of `requested_bytes`."""
+    return self.requested_bytes
+
+  @property
+  def bytes_reused(self) -> int:
+    """The old name of `reused_bytes`."""
+    return self.reused_bytes
 
   @property
   def aliases(self) -> dict[str, str]:
@@ -371,7 +348,7 @@ class DonationPlan:
       )
     lines += _wrap([f"totals (global arrays): {self._totals()}"])
     if self.memory is not None:
-      lines += _wrap([f"compiled (per device): {_memory_text(self.memory)}"])
+      lines += _wrap([f"compiled (per device): {_memory_stats.text(self.memory)}"])
     lines += _wrap(_copies.format_copies(self.copies or (), self.copy_threshold), indent="      ")
     if self.placements is not None:
       lines += _wrap(str(self.placements).splitlines(), indent="      ")
@@ -383,36 +360,41 @@ class DonationPlan:
     """Bytes requested and reused; with symbolic shapes (`jax.export.symbolic_shape`) these are
     expressions of the dimension variables, and the text says so."""
     text = (
-      f"requested {format_bytes(self.bytes_requested)}, reused {format_bytes(self.bytes_reused)}"
+      f"requested {format_bytes(self.requested_bytes)}, reused {format_bytes(self.reused_bytes)}"
     )
-    if is_symbolic(self.bytes_requested) or is_symbolic(self.bytes_reused):
+    if is_symbolic(self.requested_bytes) or is_symbolic(self.reused_bytes):
       text += " (symbolic: bytes in terms of dimension variables)"
     return text
 
   def _repr_html_(self) -> str:
-    esc = html.escape
-    head = "".join(
-      f"<th>{h}</th>"
-      for h in ("input", "type", "bytes", "sharding", "donate", "action", "output", "reason")
-    )
-    colors = _COLORS
-    body = "".join(
-      f"<tr style='background:{colors.get(d.action, 'transparent')}'>"
-      f"<td><code>{esc(d.path)}</code></td><td>{esc(_type(d))}</td>"
-      f"<td>{format_bytes(d.nbytes)}</td><td>{esc(d.sharding)}</td>"
-      f"<td>{esc(d.source) if d.requested else '-'}</td>"
-      f"<td><b>{d.action}</b></td><td><code>{esc(d.output or '-')}</code></td>"
-      f"<td>{esc(d.reason)}</td></tr>"
-      for d in self.decisions
-    )
-    foot = f"<p>global arrays: {esc(self._totals())}"
-    if self.memory is not None:
-      foot += f"; compiled, per device: {_memory_text(self.memory)}"
-    foot += "</p>" + "".join(f"<p>note: {esc(n)}</p>" for n in self.notes)
-    return (
-      f"<div><b>DonationPlan for {esc(self.function)}</b><table>"
-      f"<tr>{head}</tr>{body}</table>{foot}{_copies.copies_html(self.copies or ())}</div>"
-    )
+    return _html(self)
+
+
+def _html(plan: DonationPlan) -> str:
+  """The plan as an HTML table (what a notebook shows)."""
+  esc = html.escape
+  head = "".join(
+    f"<th>{h}</th>"
+    for h in ("input", "type", "bytes", "sharding", "donate", "action", "output", "reason")
+  )
+  colors = _COLORS
+  body = "".join(
+    f"<tr style='background:{colors.get(d.action, 'transparent')}'>"
+    f"<td><code>{esc(d.path)}</code></td><td>{esc(_type(d))}</td>"
+    f"<td>{format_bytes(d.nbytes)}</td><td>{esc(d.sharding)}</td>"
+    f"<td>{esc(d.source) if d.requested else '-'}</td>"
+    f"<td><b>{d.action}</b></td><td><code>{esc(d.output or '-')}</code></td>"
+    f"<td>{esc(d.reason)}</td></tr>"
+    for d in plan.decisions
+  )
+  foot = f"<p>global arrays: {esc(plan._totals())}"
+  if plan.memory is not None:
+    foot += f"; compiled, per device: {_memory_stats.text(plan.memory)}"
+  foot += "</p>" + "".join(f"<p>note: {esc(n)}</p>" for n in plan.notes)
+  return (
+    f"<div><b>DonationPlan for {esc(plan.function)}</b><table>"
+    f"<tr>{head}</tr>{body}</table>{foot}{_copies.copies_html(plan.copies or ())}</div>"
+  )
 
 
 NOT_A_DEVICE_BUFFER = "not donated: not a device buffer"
@@ -430,14 +412,6 @@ def _not_made(output: str | None, shardings: tuple[str, str] | None) -> dict:
     "cause": Cause.ALIAS_NOT_MADE,
     "reason": f"planned for {output}, but XLA did not make the alias; it stays alive",
   }
-
-
-def _memory_text(m: MemoryStats) -> str:
-  return (
-    f"arguments {format_bytes(m.argument)}, outputs {format_bytes(m.output)}, "
-    f"aliased {format_bytes(m.alias)}, temporaries {format_bytes(m.temp)}, "
-    f"peak {format_bytes(m.peak)}"
-  )
 
 
 def _table(decisions: Sequence[LeafDecision]) -> list[str]:

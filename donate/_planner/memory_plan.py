@@ -38,7 +38,7 @@ class MemoryPlan:
   ...   return jax.lax.psum(with_symmetric(x * 2, "i"), "i") + 1
   >>> f = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P())
   >>> plan = planner.plan_memory(f, jnp.ones((4, 4)))
-  >>> [(p.name, p.size) for p in plan.pools], plan.collective_memory_bytes, plan.total_bytes
+  >>> [(p.name, p.nbytes) for p in plan.pools], plan.collective_memory_bytes, plan.total_bytes
   ([('pool_symm_mem_i', 64)], 64, 192)
   >>> print(str(plan).splitlines()[2])
     buf1 = alloc_from_pool(pool_symm_mem_i, 0, 64)  # float32[4,4] comm [0, 2), shard_map/mul,
@@ -58,11 +58,11 @@ class MemoryPlan:
   @property
   def collective_memory_bytes(self) -> int:
     """Sum of the comm-buffer pool sizes."""
-    return sum(p.size for p in self.pools)
+    return sum(p.nbytes for p in self.pools)
 
   @property
   def regular_bytes(self) -> int:
-    return self.arena.size
+    return self.arena.nbytes
 
   @property
   def total_bytes(self) -> int:
@@ -70,7 +70,7 @@ class MemoryPlan:
 
   @property
   def lower_bound_bytes(self) -> int:
-    return sum(p.lower_bound for p in self.pools) + self.arena.lower_bound
+    return sum(p.lower_bound_bytes for p in self.pools) + self.arena.lower_bound_bytes
 
   def buffer(self, name: str) -> Buffer:
     """The buffer called `name`."""
@@ -121,7 +121,7 @@ def _line(a: Allocation, pool: Pool, plan: MemoryPlan, copies_from: Mapping[str,
   if a.reuses:
     parts.append(f"reuses {a.reuses} in place")
   parts.append(_fate(a, plan, copies_from))
-  return f"  {b.name} = alloc_from_pool({pool.name}, {a.offset}, {a.size})  # " + ", ".join(parts)
+  return f"  {b.name} = alloc_from_pool({pool.name}, {a.offset}, {a.nbytes})  # " + ", ".join(parts)
 
 
 def listing(plan: MemoryPlan) -> str:
@@ -135,7 +135,7 @@ def listing(plan: MemoryPlan) -> str:
     lines.extend(_line(a, pool, plan, copies_from) for a in pool.allocations)
   lines.extend(str(c) for c in plan.copies)
   for pool in (*plan.pools, plan.arena):
-    lines.append(f"# {pool.name}: {size_text(pool.size, pool.lower_bound)}")
+    lines.append(f"# {pool.name}: {size_text(pool.nbytes, pool.lower_bound_bytes)}")
   lines.append("# " + _totals(plan, ":", "; "))
   return "\n".join(lines)
 
@@ -163,8 +163,8 @@ def to_html(plan: MemoryPlan) -> str:
   )
   for pool in (*plan.pools, plan.arena):
     parts.append(
-      f"<p><code>{esc(pool.name)}</code>: {size_text(pool.size)}, lower bound "
-      f"{pool.lower_bound}"
+      f"<p><code>{esc(pool.name)}</code>: {size_text(pool.nbytes)}, lower bound "
+      f"{pool.lower_bound_bytes}"
       + ("" if pool.kind == "regular" else f", kind {esc(pool.kind)}, group {esc(str(pool.group))}")
       + "</p>"
     )
@@ -175,7 +175,7 @@ def to_html(plan: MemoryPlan) -> str:
         for c in (
           a.name,
           a.offset,
-          a.size,
+          a.nbytes,
           a.buffer.type_str,
           a.buffer.role,
           a.live_range,
@@ -220,7 +220,7 @@ def plot(plan: MemoryPlan, *, width: float = 8.0) -> Any:
         Rectangle(
           (lr.start, a.offset),
           len(lr),
-          a.size,
+          a.nbytes,
           alpha=0.7,
           facecolor=_COLORS.get(a.buffer.role, "#1f77b4"),
           edgecolor="black",
@@ -229,19 +229,21 @@ def plot(plan: MemoryPlan, *, width: float = 8.0) -> Any:
       if len(pool.allocations) <= 40:
         ax.text(
           lr.start + len(lr) / 2,
-          a.offset + a.size / 2,
+          a.offset + a.nbytes / 2,
           a.name,
           ha="center",
           va="center",
           fontsize=7,
           clip_on=True,
         )
-    ax.axhline(pool.lower_bound, color="black", linestyle=":", linewidth=1)
+    ax.axhline(pool.lower_bound_bytes, color="black", linestyle=":", linewidth=1)
     ax.set_xlim(0, steps)
-    ax.set_ylim(0, max(pool.size, 1))
+    ax.set_ylim(0, max(pool.nbytes, 1))
     ax.set_xlabel("step")
     ax.set_ylabel("bytes")
-    ax.set_title(f"{pool.name}: {size_text(pool.size, pool.lower_bound, 'dotted')}", fontsize=9)
+    ax.set_title(
+      f"{pool.name}: {size_text(pool.nbytes, pool.lower_bound_bytes, 'dotted')}", fontsize=9
+    )
   roles = sorted({a.buffer.role for p in pools for a in p.allocations}, key=ROLES.index)
   fig.legend(
     handles=[Rectangle((0, 0), 1, 1, facecolor=_COLORS[r], alpha=0.7, label=r) for r in roles],

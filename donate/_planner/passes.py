@@ -269,7 +269,7 @@ def allocate(
     Allocation(buffers[i], offset_of[root[i]], buffers[takes[i]].name if i in takes else None)
     for i in order
   )
-  assert all(a.offset % alignment == 0 and a.offset + a.size <= size for a in allocs)
+  assert all(a.offset % alignment == 0 and a.offset + a.nbytes <= size for a in allocs)
   if len(allocs) <= _VALIDATE_MAX:
     _assert_disjoint(allocs)
   return Pool(name, key[0], key[1], size, bound, allocs, optimal, method)
@@ -285,8 +285,8 @@ def _assert_disjoint(allocs: Sequence[Allocation]) -> None:
     for b in allocs[i + 1 :]:
       if (
         a.live_range.overlaps(b.live_range)
-        and a.offset < b.offset + b.size
-        and b.offset < a.offset + a.size
+        and a.offset < b.offset + b.nbytes
+        and b.offset < a.offset + a.nbytes
       ):
         assert related(a.name, b.name), f"{a} and {b} overlap in time and memory"
 

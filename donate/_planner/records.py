@@ -112,15 +112,21 @@ class Allocation:
     return self.buffer.name
 
   @property
-  def size(self) -> int:
+  def nbytes(self) -> int:
+    """The buffer's size in bytes."""
     return self.buffer.nbytes
+
+  @property
+  def size(self) -> int:
+    """The old name of `nbytes`."""
+    return self.nbytes
 
   @property
   def live_range(self) -> LiveRange:
     return self.buffer.live_range
 
   def __str__(self) -> str:
-    return f"{self.name} @ {self.offset} +{self.size} {self.live_range}"
+    return f"{self.name} @ {self.offset} +{self.nbytes} {self.live_range}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,10 +137,10 @@ class Pool:
     name: ``"pool_<kind>_<group>"`` for comm pools, ``"arena"`` for regular buffers.
     kind: comm buffer kind, or ``"regular"``.
     group: mesh axis names (empty for the arena).
-    size: bytes the pool needs (the height of its offset assignment).
-    lower_bound: the most bytes ever live at once; no assignment can be smaller.
+    nbytes: bytes the pool needs (the height of its offset assignment).
+    lower_bound_bytes: the most bytes ever live at once; no assignment can be smaller.
     allocations: buffers with offsets, ordered by start (then creation).
-    optimal: whether `size` is proven minimal.
+    optimal: whether `nbytes` is proven minimal.
     method: how offsets were found.
 
   >>> import jax, jax.numpy as jnp
@@ -149,8 +155,8 @@ class Pool:
   name: str
   kind: str
   group: tuple[str, ...]
-  size: int
-  lower_bound: int
+  nbytes: int
+  lower_bound_bytes: int
   allocations: tuple[Allocation, ...]
   optimal: bool = True
   method: str = ""
@@ -163,12 +169,22 @@ class Pool:
   def offsets(self) -> dict[str, int]:
     return {a.name: a.offset for a in self.allocations}
 
+  @property
+  def size(self) -> int:
+    """The old name of `nbytes`."""
+    return self.nbytes
+
+  @property
+  def lower_bound(self) -> int:
+    """The old name of `lower_bound_bytes`."""
+    return self.lower_bound_bytes
+
   def __str__(self) -> str:
     what = (
       "regular buffers" if self.kind == "regular" else f"kind={self.kind!r}, group={self.group!r}"
     )
     return (
-      f"{self.name} = empty_pool({self.size})  # {what}, lower bound {self.lower_bound}, "
+      f"{self.name} = empty_pool({self.nbytes})  # {what}, lower bound {self.lower_bound_bytes}, "
       f"{count(len(self.allocations), 'buffer')}"
     )
 

@@ -90,7 +90,7 @@ class Program:
 
 def _checkpoint_lines(profile) -> list[Advice]:
   lines = [r for r in profile.by_line() if r.category == "activations"]
-  acts = sum(g.bytes for g in profile.by_category() if g.key == "activations")
+  acts = sum(g.total_bytes for g in profile.by_category() if g.key == "activations")
   if not lines or acts * 4 < profile.peak_bytes:  # activations do not dominate the peak
     return []
   return [
@@ -100,7 +100,7 @@ def _checkpoint_lines(profile) -> list[Advice]:
       f"the code at {r.source} (or a policy that saves only dots: "
       "dots_with_no_batch_dims_saveable)",
       None,
-      r.bytes,
+      r.total_bytes,
     )
     for r in lines[:3]
   ]

@@ -56,14 +56,13 @@ def assemble(
     series[b.end] -= b.nbytes
   temp, coll = _running(temp, steps), _running(coll, steps)
   fixed = (
-    sum(e.bytes for e in params if not e.aliased),
-    sum(e.bytes for e in outs),
-    sum(e.bytes for e in params if e.aliased),
+    sum(e.nbytes for e in params if not e.aliased),
+    sum(e.nbytes for e in outs),
+    sum(e.nbytes for e in params if e.aliased),
   )
   constants = _constants(dump, module, steps)
-  timeline = Timeline(
-    dump.sequence or ("(empty)",), *fixed, tuple(temp), tuple(coll), sum(e.bytes for e in constants)
-  )
+  held = sum(e.nbytes for e in constants)
+  timeline = Timeline(dump.sequence or ("(empty)",), *fixed, tuple(temp), tuple(coll), held)
   peak = max(range(steps), key=lambda t: temp[t] + coll[t])
   paths = {e.index: e.path for e in params}
   at = [b for b in buffers if b.start <= peak < b.end]
@@ -71,13 +70,14 @@ def assemble(
   flow = categories.Flow(module)
   pairing = categories.pair(flow, params, outs, module)
   params, outs, constants, live = _categorized(flow, module, pairing, params, outs, constants, live)
-  at_peak = sorted(params + outs + constants + live, key=lambda e: -e.bytes)
+  at_peak = sorted(params + outs + constants + live, key=lambda e: -e.nbytes)
   advice = _could_donate(
     params, outs, set(donated), signature, in_shardings, out_shardings, pairing
   )
   sums = reading.totals(dump)
   xla_peak = getattr(stats, "peak_memory_in_bytes", None) if stats is not None else None
-  shadowed = shadow.shadows(dump, module, params, list(zip(live, at)), peak, timeline[peak].total)
+  peak_bytes = timeline[peak].total_bytes
+  shadowed = shadow.shadows(dump, module, params, list(zip(live, at)), peak, peak_bytes)
   return MemoryProfile(
     function,
     platform,
@@ -91,7 +91,7 @@ def assemble(
     tuple(at_peak),
     tuple(advice),
     shadowed,
-    timeline.constants,
+    timeline.constant_bytes,
     layout=_layout(dump, buffers),
   )
 
@@ -102,7 +102,7 @@ def _layout(dump, buffers) -> tuple:
   base, at = {}, 0
   for a in sorted(dump.allocations, key=lambda a: a.index):
     if reading.is_temp(a) and reading.on_device(a):
-      base[a.index], at = at, at + a.size
+      base[a.index], at = at, at + a.nbytes
   return tuple(
     (base[b.allocation] + b.low, base[b.allocation] + b.high, b.start, b.end, b.values[0][0])
     for b in buffers
@@ -161,7 +161,7 @@ def _owners(dump, module, in_paths, out_paths):
       instr = module.entry.parameter(number)
       params.append(
         Entry(
-          a.size,
+          a.nbytes,
           "argument",
           instr.name if instr else "?",
           str(instr.shape) if instr else "?",
@@ -179,7 +179,7 @@ def _owners(dump, module, in_paths, out_paths):
       instr = module.find(name)
       outs.append(
         Entry(
-          a.size,
+          a.nbytes,
           "output",
           name,
           str(instr.shape) if instr else _root_shape(module, k),
@@ -205,7 +205,7 @@ def _constants(dump, module, steps: int) -> list[Entry]:
       instr = module.find(naming.instruction_name(value))
       found.append(
         Entry(
-          a.size,
+          a.nbytes,
           "constant",
           value,
           str(instr.shape) if instr else "?",
@@ -275,7 +275,7 @@ def _could_donate(params, outs, donated, signature, in_shardings, out_shardings,
       p.index, o.index, in_shardings, out_shardings, _ndim(p.shape)
     ):
       argnum, argname = _argument_of(p.path, signature)
-      found.append(Suggestion(p.path, o.path, p.bytes, argnum, argname))
+      found.append(Suggestion(p.path, o.path, p.nbytes, argnum, argname))
   return found
 
 

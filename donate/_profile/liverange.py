@@ -248,9 +248,9 @@ def dump_of(
     return text + ("{" + ",".join(map(str, index)) + "}" if braces or tuple_shape else "")
 
   allocations = tuple(
-    _hlo_dump.Allocation(
+    _hlo_dump.XlaAllocation(
       a.index,
-      a.size,
+      a.nbytes,
       a.color,
       _kind(a),
       tuple((name(v, False), size, offset) for v, offset, size in sorted(a.assigned)),

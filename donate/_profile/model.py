@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 from donate._base.text import format_bytes
 from donate._xla.gpu_targets import SPECS
@@ -20,7 +21,7 @@ class Entry:
   """One buffer live at the peak.
 
   Attributes:
-    bytes: its size (per device).
+    nbytes: its size (per device).
     kind: "argument", "output", "temporary", "copy" (a copy XLA added), "loop carry" (a loop's
       state), "collective" (in collective memory) or "constant" (a literal of the program, kept
       on the device for the whole program).
@@ -42,7 +43,7 @@ class Entry:
       residual into one buffer: its trip count), else 1.
   """
 
-  bytes: int
+  nbytes: int
   kind: str
   value: str
   shape: str
@@ -67,47 +68,108 @@ class Entry:
     """The path, else the source line, else the value: how the text names the buffer."""
     return self.path or self.source or self.value
 
+  @property
+  def bytes(self) -> int:
+    """The old name of `nbytes`."""
+    return self.nbytes
+
+
+_PerStep = TypeVar("_PerStep", int, tuple[int, ...])
+
+
+class _OldFigureNames(Generic[_PerStep]):
+  """The earlier names of the figures of a `Step` and a `Timeline` (whose temporaries and
+  collective bytes are one count per step)."""
+
+  __slots__ = ()
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: _PerStep
+  collective_bytes: _PerStep
+  constant_bytes: int
+
+  @property
+  def arguments(self) -> int:
+    """The old name of `argument_bytes`."""
+    return self.argument_bytes
+
+  @property
+  def outputs(self) -> int:
+    """The old name of `output_bytes`."""
+    return self.output_bytes
+
+  @property
+  def aliased(self) -> int:
+    """The old name of `alias_bytes`."""
+    return self.alias_bytes
+
+  @property
+  def temporaries(self) -> _PerStep:
+    """The old name of `temp_bytes`."""
+    return self.temp_bytes
+
+  @property
+  def collective(self) -> _PerStep:
+    """The old name of `collective_bytes`."""
+    return self.collective_bytes
+
+  @property
+  def constants(self) -> int:
+    """The old name of `constant_bytes`."""
+    return self.constant_bytes
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Step:
-  """Bytes live at one step of the schedule, by kind (aliased: arguments an output reuses;
-  constants: the program's literals, live for the whole program)."""
+class Step(_OldFigureNames[int]):
+  """Bytes live at one step of the schedule, by kind (`alias_bytes`: arguments an output reuses;
+  `constant_bytes`: the program's literals, live for the whole program)."""
 
   index: int
   instruction: str
-  arguments: int
-  outputs: int
-  aliased: int
-  temporaries: int
-  collective: int
-  constants: int = 0
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: int
+  collective_bytes: int
+  constant_bytes: int = 0
+
+  @property
+  def total_bytes(self) -> int:
+    """Every byte live at this step."""
+    return (
+      self.argument_bytes
+      + self.output_bytes
+      + self.alias_bytes
+      + self.constant_bytes
+      + self.temp_bytes
+      + self.collective_bytes
+    )
 
   @property
   def total(self) -> int:
-    return (
-      self.arguments
-      + self.outputs
-      + self.aliased
-      + self.constants
-      + self.temporaries
-      + self.collective
-    )
+    """The old name of `total_bytes`."""
+    return self.total_bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Timeline(Sequence):
-  """The program's schedule, one `Step` per instruction (built on access: programs are long)."""
+class Timeline(_OldFigureNames[tuple[int, ...]], Sequence):
+  """The program's schedule, one `Step` per instruction (built on access: programs are long).
+
+  The bytes of arguments, outputs, aliased arguments and constants are the same at every step;
+  `temp_bytes` and `collective_bytes` hold one count per step.
+  """
 
   instructions: tuple[str, ...]
-  arguments: int
-  outputs: int
-  aliased: int
-  temporaries: tuple[int, ...]
-  collective: tuple[int, ...]
-  constants: int = 0
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: tuple[int, ...]
+  collective_bytes: tuple[int, ...]
+  constant_bytes: int = 0
 
   def __len__(self) -> int:
-    return len(self.temporaries)
+    return len(self.temp_bytes)
 
   def __getitem__(self, t):
     if isinstance(t, slice):
@@ -117,18 +179,18 @@ class Timeline(Sequence):
     return Step(
       t,
       name,
-      self.arguments,
-      self.outputs,
-      self.aliased,
-      self.temporaries[t],
-      self.collective[t],
-      self.constants,
+      self.argument_bytes,
+      self.output_bytes,
+      self.alias_bytes,
+      self.temp_bytes[t],
+      self.collective_bytes[t],
+      self.constant_bytes,
     )
 
   def totals(self) -> list[int]:
     """The total bytes at every step."""
-    fixed = self.arguments + self.outputs + self.aliased + self.constants
-    return [fixed + a + b for a, b in zip(self.temporaries, self.collective)]
+    fixed = self.argument_bytes + self.output_bytes + self.alias_bytes + self.constant_bytes
+    return [fixed + a + b for a, b in zip(self.temp_bytes, self.collective_bytes)]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -136,12 +198,17 @@ class Group:
   """Bytes at the peak that share a key (a source line, a scope), largest first."""
 
   key: str
-  bytes: int
+  total_bytes: int
   count: int
   kinds: tuple[str, ...]
 
   def __str__(self) -> str:
-    return f"{self.key}: {format_bytes(self.bytes)} at the peak ({self.count} buffers)"
+    return f"{self.key}: {format_bytes(self.total_bytes)} at the peak ({self.count} buffers)"
+
+  @property
+  def bytes(self) -> int:
+    """The old name of `total_bytes`."""
+    return self.total_bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,7 +222,7 @@ class Line:
 
   source: str
   function: str | None
-  bytes: int
+  total_bytes: int
   count: int
   category: str
 
@@ -164,8 +231,13 @@ class Line:
 
     where = os.path.basename(self.source) if ":" in self.source else self.source
     at = f"{self.function.rsplit('.', 1)[-1]}() at {where}" if self.function else where
-    each = format_bytes(self.bytes // max(self.count, 1))
+    each = format_bytes(self.total_bytes // max(self.count, 1))
     return f"{self.count} x {each}, {at} ({self.category})"
+
+  @property
+  def bytes(self) -> int:
+    """The old name of `total_bytes`."""
+    return self.total_bytes
 
 
 def lines(entries) -> tuple[Line, ...]:
@@ -179,23 +251,23 @@ def lines(entries) -> tuple[Line, ...]:
     Line(
       source,
       next((e.function for e in es if e.function), None),
-      sum(e.bytes for e in es),
+      sum(e.nbytes for e in es),
       sum(e.repeat for e in es),
       category,
     )
     for (source, category), es in found.items()
   ]
-  return tuple(sorted(rows, key=lambda r: (-r.bytes, r.source, r.category)))
+  return tuple(sorted(rows, key=lambda r: (-r.total_bytes, r.source, r.category)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Suggestion:
   """An input not donated whose buffer an output of the same shape, dtype and sharding could
-  reuse: donating it lowers the peak by `bytes` (unless XLA then needs a copy)."""
+  reuse: donating it lowers the peak by its size, `nbytes` (unless XLA then needs a copy)."""
 
   path: str
   output: str
-  bytes: int
+  nbytes: int
   argnum: int | None
   argname: str
 
@@ -209,35 +281,56 @@ class Suggestion:
   def __str__(self) -> str:
     return (
       f"donate {self.path} ({self.keyword}): {self.output} can reuse it, "
-      f"-{format_bytes(self.bytes)} at the peak"
+      f"-{format_bytes(self.nbytes)} at the peak"
     )
+
+  @property
+  def bytes(self) -> int:
+    """The old name of `nbytes`."""
+    return self.nbytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Fit:
   """Whether a program's memory fits a device; truthy when it does.
 
-  `needed` is what the program holds on the device while it runs (arguments + outputs - aliased +
-  temporaries + constants); `headroom` is what is left (negative: missing).
+  `needed_bytes` is what the program holds on the device while it runs (arguments + outputs -
+  aliased + temporaries + constants); `headroom_bytes` is what is left (negative: missing).
   """
 
   device: str
-  capacity: int
-  needed: int
+  capacity_bytes: int
+  needed_bytes: int
 
   @property
-  def headroom(self) -> int:
-    return self.capacity - self.needed
+  def headroom_bytes(self) -> int:
+    """The device's bytes left when the program runs (negative: missing)."""
+    return self.capacity_bytes - self.needed_bytes
 
   def __bool__(self) -> bool:
-    return self.needed <= self.capacity
+    return self.needed_bytes <= self.capacity_bytes
 
   def __str__(self) -> str:
     verdict = "fits" if self else "does not fit"
     return (
-      f"{verdict} on {self.device} ({format_bytes(self.capacity)}): needs "
-      f"{format_bytes(self.needed)}, headroom {format_bytes(self.headroom)}"
+      f"{verdict} on {self.device} ({format_bytes(self.capacity_bytes)}): needs "
+      f"{format_bytes(self.needed_bytes)}, headroom {format_bytes(self.headroom_bytes)}"
     )
+
+  @property
+  def capacity(self) -> int:
+    """The old name of `capacity_bytes`."""
+    return self.capacity_bytes
+
+  @property
+  def needed(self) -> int:
+    """The old name of `needed_bytes`."""
+    return self.needed_bytes
+
+  @property
+  def headroom(self) -> int:
+    """The old name of `headroom_bytes`."""
+    return self.headroom_bytes
 
 
 def capacity_of(device) -> tuple[str, int]:
@@ -251,7 +344,7 @@ def capacity_of(device) -> tuple[str, int]:
   spec = SPECS.get(str(device).lower())
   if spec is None:
     raise ValueError(device)
-  return spec.name, spec.device_memory_size
+  return spec.name, spec.device_memory_bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -259,53 +352,96 @@ class Change:
   """One key's bytes at the peak in two profiles."""
 
   key: str
-  before: int
-  after: int
+  before_bytes: int
+  after_bytes: int
+
+  @property
+  def delta_bytes(self) -> int:
+    """`after_bytes - before_bytes`."""
+    return self.after_bytes - self.before_bytes
+
+  @property
+  def before(self) -> int:
+    """The old name of `before_bytes`."""
+    return self.before_bytes
+
+  @property
+  def after(self) -> int:
+    """The old name of `after_bytes`."""
+    return self.after_bytes
 
   @property
   def delta(self) -> int:
-    return self.after - self.before
+    """The old name of `delta_bytes`."""
+    return self.delta_bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Comparison:
   """Two profiles' peaks lined up by source line (or path) and by scope: what grew."""
 
-  before_peak: int
-  after_peak: int
+  before_peak_bytes: int
+  after_peak_bytes: int
   by_source: tuple[Change, ...]
   by_scope: tuple[Change, ...]
-  before_saved: int | None = None  # what each one's donations saved at its peak (None: not
-  after_saved: int | None = None  # measured; `MemoryProfile.donation_saved_bytes`)
+  before_saved_bytes: int | None = None  # what each one's donations saved at its peak (None:
+  after_saved_bytes: int | None = None  # not measured; `MemoryProfile.donation_saved_bytes`)
 
   @property
-  def delta(self) -> int:
-    return self.after_peak - self.before_peak
+  def delta_bytes(self) -> int:
+    """`after_peak_bytes - before_peak_bytes`."""
+    return self.after_peak_bytes - self.before_peak_bytes
 
   def grew(self) -> list[Change]:
     """The source lines (or paths) with more bytes at the peak after, largest growth first."""
-    return [c for c in self.by_source if c.delta > 0]
+    return [c for c in self.by_source if c.delta_bytes > 0]
 
   def __str__(self) -> str:
     lines = [
-      f"peak {format_bytes(self.before_peak)} -> {format_bytes(self.after_peak)} "
-      f"({'+' if self.delta >= 0 else ''}{format_bytes(self.delta)})"
+      f"peak {format_bytes(self.before_peak_bytes)} -> {format_bytes(self.after_peak_bytes)} "
+      f"({'+' if self.delta_bytes >= 0 else ''}{format_bytes(self.delta_bytes)})"
     ]
-    if (self.before_saved, self.after_saved) != (None, None):
+    if (self.before_saved_bytes, self.after_saved_bytes) != (None, None):
       saved = [
         format_bytes(b) if b is not None else "not measured"
-        for b in (self.before_saved, self.after_saved)
+        for b in (self.before_saved_bytes, self.after_saved_bytes)
       ]
       lines.append(f"  donation saved at the peak: {saved[0]} -> {saved[1]}")
     for title, rows in (("by source line", self.by_source), ("by scope", self.by_scope)):
-      changed = [c for c in rows if c.delta][:10]
+      changed = [c for c in rows if c.delta_bytes][:10]
       if changed:
         lines.append(f"  {title}:")
         lines += [
-          f"    {'+' if c.delta > 0 else ''}{format_bytes(c.delta):>10}  {_clip(c.key, 80)}"
+          f"    {'+' if c.delta_bytes > 0 else ''}{format_bytes(c.delta_bytes):>10}  "
+          f"{_clip(c.key, 80)}"
           for c in changed
         ]
     return "\n".join(lines)
+
+  @property
+  def before_peak(self) -> int:
+    """The old name of `before_peak_bytes`."""
+    return self.before_peak_bytes
+
+  @property
+  def after_peak(self) -> int:
+    """The old name of `after_peak_bytes`."""
+    return self.after_peak_bytes
+
+  @property
+  def before_saved(self) -> int | None:
+    """The old name of `before_saved_bytes`."""
+    return self.before_saved_bytes
+
+  @property
+  def after_saved(self) -> int | None:
+    """The old name of `after_saved_bytes`."""
+    return self.after_saved_bytes
+
+  @property
+  def delta(self) -> int:
+    """The old name of `delta_bytes`."""
+    return self.delta_bytes
 
 
 def _clip(text: str, width: int) -> str:
@@ -318,14 +454,15 @@ def group(entries, key) -> tuple[Group, ...]:
   for e in entries:
     found.setdefault(key(e), []).append(e)
   groups = [
-    Group(k, sum(e.bytes for e in es), len(es), tuple(sorted({e.kind for e in es})))
+    Group(k, sum(e.nbytes for e in es), len(es), tuple(sorted({e.kind for e in es})))
     for k, es in found.items()
   ]
-  return tuple(sorted(groups, key=lambda g: (-g.bytes, g.key)))
+  return tuple(sorted(groups, key=lambda g: (-g.total_bytes, g.key)))
 
 
 def changes(before: Sequence[Group], after: Sequence[Group]) -> tuple[Change, ...]:
   """Keys of two groupings lined up, largest change first."""
-  a, b = {g.key: g.bytes for g in before}, {g.key: g.bytes for g in after}
+  a = {g.key: g.total_bytes for g in before}
+  b = {g.key: g.total_bytes for g in after}
   rows = [Change(k, a.get(k, 0), b.get(k, 0)) for k in {**a, **b}]
-  return tuple(sorted(rows, key=lambda c: (-abs(c.delta), c.key)))
+  return tuple(sorted(rows, key=lambda c: (-abs(c.delta_bytes), c.key)))

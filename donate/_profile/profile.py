@@ -105,7 +105,7 @@ class MemoryProfile:
   def peak_bytes(self) -> int:
     """The timeline's highest point: arguments, outputs, constants and the temporaries live at
     the peak."""
-    return self.timeline[self.peak_step].total
+    return self.timeline[self.peak_step].total_bytes
 
   @property
   def reserved_bytes(self) -> int:
@@ -119,7 +119,7 @@ class MemoryProfile:
   def free_at_peak_bytes(self) -> int:
     """Bytes of the temp block not live at the peak (alignment, gaps XLA's packing leaves)."""
     step = self.timeline[self.peak_step]
-    return self.temp_bytes - step.temporaries - step.collective
+    return self.temp_bytes - step.temp_bytes - step.collective_bytes
 
   @property
   def donation_saved_bytes(self) -> int | None:
@@ -139,7 +139,7 @@ class MemoryProfile:
     saved = self.donation_saved_bytes
     if saved is None or saved > 0:
       return ()
-    return tuple(e for e in self.at_peak if e.kind == "argument" and e.aliased and e.bytes)
+    return tuple(e for e in self.at_peak if e.kind == "argument" and e.aliased and e.nbytes)
 
   @property
   def peak_instruction(self) -> str:
@@ -152,8 +152,8 @@ class MemoryProfile:
 
   def attributed_fraction(self) -> float:
     """The share of the bytes at the peak that carry a source line or a pytree path."""
-    total = sum(e.bytes for e in self.at_peak)
-    return sum(e.bytes for e in self.at_peak if e.attributed) / total if total else 1.0
+    total = sum(e.nbytes for e in self.at_peak)
+    return sum(e.nbytes for e in self.at_peak if e.attributed) / total if total else 1.0
 
   def by_source(self) -> tuple[model.Group, ...]:
     """The bytes at the peak grouped by the user's source line (arguments and outputs without
@@ -161,8 +161,8 @@ class MemoryProfile:
     return model.group(self.at_peak, _source_key)
 
   def by_category(self) -> tuple[model.Group, ...]:
-    """The bytes at the peak by category (`Entry.category`): rows with `key`, `bytes` and
-    `count`, largest first; their bytes sum to `peak_bytes`."""
+    """The bytes at the peak by category (`Entry.category`): rows with `key`, `total_bytes`
+    and `count`, largest first; their bytes sum to `peak_bytes`."""
     return model.group(self.at_peak, lambda e: e.category)
 
   def by_line(self) -> tuple[model.Line, ...]:
@@ -209,7 +209,7 @@ class MemoryProfile:
     """Whether the program fits `device`: `"h100"`, `"b200"` or a byte count.
 
     The bytes needed are `reserved_bytes` (XLA allocates its temporaries as one block), per
-    device. The result is truthy when it fits; `.headroom` is the bytes left.
+    device. The result is truthy when it fits; `.headroom_bytes` is the bytes left.
 
     Raises:
       DonationError: an unknown device name (the message lists the known ones).

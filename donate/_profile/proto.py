@@ -88,13 +88,18 @@ class Allocation:
   """A `BufferAllocationProto`: its values are (logical buffer id, offset, size)."""
 
   index: int
-  size: int
+  nbytes: int  # the proto's `size`
   color: int
   parameter: int | None  # the entry parameter it holds, if any
   live_out: bool
   thread_local: bool
   constant: bool
   assigned: tuple[tuple[int, int, int], ...]
+
+  @property
+  def size(self) -> int:
+    """The old name of `nbytes` (the proto's word)."""
+    return self.nbytes
 
   @property
   def temp(self) -> bool:

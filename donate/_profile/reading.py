@@ -41,7 +41,7 @@ _SEQUENCE = re.compile(r"\s+(\d+):(\S+)\s*$")
 class Dump:
   """The dump files of one compiled module: allocations, live ranges, the schedule."""
 
-  allocations: tuple[_hlo_dump.Allocation, ...]
+  allocations: tuple[_hlo_dump.XlaAllocation, ...]
   ranges: dict[str, tuple[int, int]]  # value name with index ("x{}") -> first, last step
   sequence: tuple[str, ...]  # the instruction at each schedule step
   platform: str = "?"  # "cpu" or "gpu", from the dump's file name
@@ -130,24 +130,24 @@ def read_files(assignment: str, ranges_file: str) -> Dump:
   )
 
 
-def parameter_number(allocation: _hlo_dump.Allocation) -> int | None:
+def parameter_number(allocation: _hlo_dump.XlaAllocation) -> int | None:
   found = _PARAMETER.search(allocation.kind)
   return int(found.group(1)) if found else None
 
 
-def is_output(allocation: _hlo_dump.Allocation) -> bool:
+def is_output(allocation: _hlo_dump.XlaAllocation) -> bool:
   return "maybe-live-out" in allocation.kind
 
 
-def is_temp(allocation: _hlo_dump.Allocation) -> bool:
+def is_temp(allocation: _hlo_dump.XlaAllocation) -> bool:
   return "preallocated-temp" in allocation.kind
 
 
-def is_constant(allocation: _hlo_dump.Allocation) -> bool:
+def is_constant(allocation: _hlo_dump.XlaAllocation) -> bool:
   return "constant" in allocation.kind.split(", ")
 
 
-def on_device(allocation: _hlo_dump.Allocation) -> bool:
+def on_device(allocation: _hlo_dump.XlaAllocation) -> bool:
   return allocation.color != _hlo.HOST_MEMORY_SPACE
 
 
@@ -158,11 +158,11 @@ def totals(dump: Dump) -> dict[str, int]:
   out = {"argument": 0, "output": 0, "alias": 0, "temp": 0, "constant": 0}
   for a in filter(on_device, dump.allocations):
     param, live_out = parameter_number(a) is not None, is_output(a)
-    out["argument"] += a.size if param else 0
-    out["output"] += a.size if live_out else 0
-    out["alias"] += a.size if param and live_out else 0
-    out["temp"] += a.size if is_temp(a) else 0
-    out["constant"] += a.size if is_constant(a) else 0
+    out["argument"] += a.nbytes if param else 0
+    out["output"] += a.nbytes if live_out else 0
+    out["alias"] += a.nbytes if param and live_out else 0
+    out["temp"] += a.nbytes if is_temp(a) else 0
+    out["constant"] += a.nbytes if is_constant(a) else 0
   return out
 
 

@@ -43,7 +43,7 @@ class Shadow:
   Attributes:
     path: the donated argument leaf.
     output: the output that reuses its buffer.
-    bytes: the donated buffer's size (per device).
+    nbytes: the donated buffer's size (per device).
     temporary: the temporary of about that size live beside it at the peak.
     peak_bytes: the program's peak (`MemoryProfile.peak_bytes`).
     idle: True when the donated buffer holds nothing live at the peak (the temporary could have
@@ -52,7 +52,7 @@ class Shadow:
 
   path: str
   output: str | None
-  bytes: int
+  nbytes: int
   temporary: Entry
   peak_bytes: int
   idle: bool
@@ -69,9 +69,14 @@ class Shadow:
     source = self.temporary.source
     return os.path.basename(source) if source else "an unknown line"
 
+  @property
+  def bytes(self) -> int:
+    """The old name of `nbytes`."""
+    return self.nbytes
+
   def __str__(self) -> str:
     return (
-      f"aliased, but a {format_bytes(self.temporary.bytes)} {self.temporary.kind} of "
+      f"aliased, but a {format_bytes(self.temporary.nbytes)} {self.temporary.kind} of "
       f"{self.operation} at {self.where} is live with it: peak "
       f"{format_bytes(self.peak_bytes)}"
     )
@@ -92,32 +97,32 @@ def shadows(
   `params` are the argument entries; `live` pairs each temporary entry at the peak with its
   `reading.Buffer` (whose values may feed the output under other names: a loop's carry).
   """
-  by_number = {e.index: e for e in params if e.aliased and e.bytes}
+  by_number = {e.index: e for e in params if e.aliased and e.nbytes}
   candidates = sorted(
     (
       (e, {naming.instruction_name(v[0]) for v in b.values})
       for e, b in live
       if e.kind in ("temporary", "loop carry")
     ),
-    key=lambda c: -c[0].bytes,
+    key=lambda c: -c[0].nbytes,
   )
   found, used = [], set()
-  for a in sorted(filter(reading.on_device, dump.allocations), key=lambda a: -a.size):
+  for a in sorted(filter(reading.on_device, dump.allocations), key=lambda a: -a.nbytes):
     entry = by_number.get(reading.parameter_number(a))
     if entry is None:
       continue
-    written = [v[0] for v in a.values if 2 * v[1] >= a.size]  # full-size values in the buffer
+    written = [v[0] for v in a.values if 2 * v[1] >= a.nbytes]  # full-size values in the buffer
     idle = not any(_live_at(dump, name, peak) for name in written)
     mine = [n for n in written if n != entry.value and naming.instruction_name(n) != entry.value]
     final = [n for n in mine if (reading.live_range(dump, n) or (0, 0))[1] >= len(dump.sequence)]
     feeds = _operands(module, final or mine)  # what the output (live to the end) is made from
     for t, names in candidates:
-      if id(t) in used or not about_the_same(t.bytes, entry.bytes):
+      if id(t) in used or not about_the_same(t.nbytes, entry.nbytes):
         continue
       if names & feeds:  # the output is computed from it: the dataflow, not a size alone
         used.add(id(t))
         found.append(
-          Shadow(entry.path or entry.value, entry.output, entry.bytes, t, peak_bytes, idle)
+          Shadow(entry.path or entry.value, entry.output, entry.nbytes, t, peak_bytes, idle)
         )
         break
   return tuple(found)
@@ -211,12 +216,12 @@ def strict_problems_of(
       "strict=\"copies\" off to accept it",
     )
     for s in shadowed
-    if s.bytes >= threshold
+    if s.nbytes >= threshold
   ]
-  named = {s.path for s in shadowed if s.bytes >= threshold}
+  named = {s.path for s in shadowed if s.nbytes >= threshold}
   for e in not_lowered_entries:
     path = e.path or e.value
-    if e.bytes < threshold or path in named or without_bytes is None:
+    if e.nbytes < threshold or path in named or without_bytes is None:
       continue
     found.append(
       message(

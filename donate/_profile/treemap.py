@@ -36,21 +36,21 @@ _MAX_CELLS = 12  # buffers drawn per column; the rest as one cell
 def treemap(p, width: int = 960, height: int = 320) -> str:
   """`p`'s buffers at the peak as nested boxes (see the module docstring)."""
   esc = _html.escape
-  total = sum(e.bytes for e in p.at_peak) or 1
+  total = sum(e.nbytes for e in p.at_peak) or 1
   columns: dict[str, list] = {}
   for e in p.at_peak:
     columns.setdefault(e.category, []).append(e)
-  order = sorted(columns, key=lambda c: -sum(e.bytes for e in columns[c]))
+  order = sorted(columns, key=lambda c: -sum(e.nbytes for e in columns[c]))
   parts, left = [], 0.0
   for category in order:
-    entries = sorted(columns[category], key=lambda e: -e.bytes)
-    share = sum(e.bytes for e in entries) / total
+    entries = sorted(columns[category], key=lambda e: -e.nbytes)
+    share = sum(e.nbytes for e in entries) / total
     if share * width < 2:
       continue
-    cells = [(esc(e.path or e.source or e.value), e.bytes) for e in entries[:_MAX_CELLS]]
+    cells = [(esc(e.path or e.source or e.value), e.nbytes) for e in entries[:_MAX_CELLS]]
     rest = entries[_MAX_CELLS:]
     if rest:
-      cells.append((f"{len(rest)} more", sum(e.bytes for e in rest)))
+      cells.append((f"{len(rest)} more", sum(e.nbytes for e in rest)))
     column_bytes = sum(b for _, b in cells) or 1
     top, inner = 0.0, []
     for label, nbytes in cells:
@@ -64,14 +64,14 @@ def treemap(p, width: int = 960, height: int = 320) -> str:
       top += h
     w = share * width
     parts.append(
-      f"<div title='{esc(category)}: {esc(format_bytes(sum(e.bytes for e in entries)))}' "
+      f"<div title='{esc(category)}: {esc(format_bytes(sum(e.nbytes for e in entries)))}' "
       f"style='position:absolute;left:{left:.1f}px;top:0;width:{w:.1f}px;height:{height}px;"
       f"background:{COLOURS.get(category, '#888')}'>{''.join(inner)}</div>"
     )
     left += w
   legend = " ".join(
     f"<span style='background:{COLOURS.get(c, '#888')};color:#fff;padding:0 4px'>{esc(c)} "
-    f"{esc(format_bytes(sum(e.bytes for e in columns[c])))}</span>"
+    f"{esc(format_bytes(sum(e.nbytes for e in columns[c])))}</span>"
     for c in order
   )
   return (

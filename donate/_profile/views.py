@@ -61,7 +61,7 @@ def explain(p) -> str:
   """XLA's figures for `p`'s program, what each counts, and why they differ, in words."""
   fixed = p.argument_bytes + p.output_bytes - p.alias_bytes + p.constant_bytes
   step = p.timeline[p.peak_step]
-  in_use = step.temporaries + step.collective
+  in_use = step.temp_bytes + step.collective_bytes
   constants = f" + constants {size(p.constant_bytes)}" if p.constant_bytes else ""
   lines = [
     f"arguments {size(p.argument_bytes)} + outputs {size(p.output_bytes)} - aliased "
@@ -125,11 +125,12 @@ def _table(p) -> list[str]:
     if e.aliased and e.output:
       owner = f"{owner} -> {e.output}"
     lines.append(
-      f"{size(e.bytes):>10}  {e.category:<15}  {_clip(owner, 44):<44}  {_clip(e.scope, WIDTH - 77)}"
+      f"{size(e.nbytes):>10}  {e.category:<15}  {_clip(owner, 44):<44}  "
+      f"{_clip(e.scope, WIDTH - 77)}"
     )
   rest = p.at_peak[_ROWS:]
   if rest:
-    lines.append(f"{size(sum(e.bytes for e in rest)):>10}  ({len(rest)} more buffers)")
+    lines.append(f"{size(sum(e.nbytes for e in rest)):>10}  ({len(rest)} more buffers)")
   return lines
 
 
@@ -149,14 +150,14 @@ def text(p) -> str:
   ]
   lines += ["  " + ln for ln in _table(p)]
   lines += ["", "by category:"] + [
-    f"  {size(g.bytes):>10}  {g.key} ({g.count} buffer{'s' if g.count != 1 else ''})"
+    f"  {size(g.total_bytes):>10}  {g.key} ({g.count} buffer{'s' if g.count != 1 else ''})"
     for g in p.by_category()
   ]
   lines += ["", "by source line:"] + [
-    f"  {size(r.bytes):>10}  {_clip(str(r), WIDTH - 14)}" for r in p.by_line()[:6]
+    f"  {size(r.total_bytes):>10}  {_clip(str(r), WIDTH - 14)}" for r in p.by_line()[:6]
   ]
   lines += ["", "by scope:"] + [
-    f"  {size(g.bytes):>10}  {_clip(g.key, WIDTH - 14)}" for g in p.by_scope()[:6]
+    f"  {size(g.total_bytes):>10}  {_clip(g.key, WIDTH - 14)}" for g in p.by_scope()[:6]
   ]
   if p.could_donate:
     lines += ["", "could donate:"] + ["  " + _clip(str(s), WIDTH - 2) for s in p.could_donate]
@@ -192,7 +193,7 @@ def html(p) -> str:
   """The profile as an HTML table for notebooks."""
   esc = _html.escape
   rows = "".join(
-    f"<tr><td style='text-align:right'>{esc(size(e.bytes))}</td><td>{esc(e.category)}</td>"
+    f"<tr><td style='text-align:right'>{esc(size(e.nbytes))}</td><td>{esc(e.category)}</td>"
     f"<td><code>{esc(e.path or '')}</code></td><td><code>{esc(e.source or '')}</code></td>"
     f"<td><code>{esc(e.scope or '')}</code></td></tr>"
     for e in p.at_peak[:40]
@@ -230,12 +231,12 @@ def plot(p, ax=None):
   t = p.timeline
   steps = range(len(t))
   layers = [
-    ("arguments", [t.arguments] * len(t)),
-    ("aliased", [t.aliased] * len(t)),
-    ("outputs", [t.outputs] * len(t)),
-    ("constants", [t.constants] * len(t)),
-    ("temporaries", list(t.temporaries)),
-    ("collective", list(t.collective)),
+    ("arguments", [t.argument_bytes] * len(t)),
+    ("aliased", [t.alias_bytes] * len(t)),
+    ("outputs", [t.output_bytes] * len(t)),
+    ("constants", [t.constant_bytes] * len(t)),
+    ("temporaries", list(t.temp_bytes)),
+    ("collective", list(t.collective_bytes)),
   ]
   mib = 1 << 20
   ax.stackplot(
@@ -248,7 +249,7 @@ def plot(p, ax=None):
   ax.legend(loc="upper left", fontsize="small")
   if bars is not None:
     groups = p.by_category()[::-1]
-    bars.barh([_clip(g.key, 40) for g in groups], [g.bytes / mib for g in groups])
+    bars.barh([_clip(g.key, 40) for g in groups], [g.total_bytes / mib for g in groups])
     bars.set_xlabel("MiB at the peak")
     fig.tight_layout()
   return fig

@@ -92,7 +92,7 @@ class XlaCollectiveMemory:
 
   nbytes: int
   color: int
-  allocations: tuple[_hlo_dump.Allocation, ...]
+  allocations: tuple[_hlo_dump.XlaAllocation, ...]
 
   @property
   def recommended_mb(self) -> int:
@@ -140,7 +140,7 @@ def collective_allocation(
   else:
     colors = frozenset(a.color for a in allocations) - {0, _hlo.HOST_MEMORY_SPACE}
   chosen = tuple(a for a in allocations if a.color in colors)
-  return XlaCollectiveMemory(sum(a.size for a in chosen), min(colors, default=0), chosen)
+  return XlaCollectiveMemory(sum(a.nbytes for a in chosen), min(colors, default=0), chosen)
 
 
 def xla_collective_memory(lowered, compiler_options: dict | None = None):

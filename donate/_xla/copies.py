@@ -30,77 +30,11 @@ import html
 from donate._base.errors import message
 from donate._base.text import format_bytes
 from donate._xla import copies_why, hlo
+from donate._xla.copy_record import CopyRecord, Loop
 
 PASS_THROUGH = frozenset({"copy", "bitcast", "copy-start", "copy-done"})
 _UPDATES = frozenset({"dynamic-update-slice", "scatter"})
 _CONTROL = frozenset({"while", "call", "conditional", "async-start"})
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Loop:
-  """A while loop of the compiled program (from `scan`, `fori_loop`, `while_loop`, ...).
-
-  Attributes:
-    name: the HLO `while` instruction.
-    line: the user's source line of the loop, "file:line (function)", if known.
-    trip_count: iterations per execution, when XLA knows it (`known_trip_count`).
-    kind: "scan" or "while_loop" when the jaxpr was given, else "loop".
-  """
-
-  name: str
-  line: str | None
-  trip_count: int | None
-  kind: str = "loop"
-
-  def __str__(self) -> str:
-    trips = f"{self.trip_count} iterations" if self.trip_count is not None else "trip count unknown"
-    return f"{self.kind} at {self.line or self.name} ({trips})"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CopyRecord:
-  """One copy XLA inserted.
-
-  Attributes:
-    instruction: the HLO instruction (`copy.6`).
-    opcode: "copy" or "copy-start" (an asynchronous copy).
-    nbytes, shape, dtype: the copied buffer.
-    loops: the enclosing loops, outermost first; empty when the copy runs once per call.
-    count: how many times it runs per call (product of the trip counts); None if a trip count
-      is unknown.
-    value: the copied value in words ("buf, carry 1 of scan at f.py:7").
-    input_path: the input leaf the buffer comes from, if it comes from one.
-    carry: the loop-carry index (in the compiled loop's state) in the innermost loop, if any.
-    donated: the buffer is a donated input or a loop carry (what strict mode guards).
-    lines: the source lines that force the copy.
-    reason: why XLA copies, in words.
-    fix: a suggested fix, when one is known.
-  """
-
-  instruction: str
-  opcode: str
-  nbytes: int
-  shape: tuple[int, ...]
-  dtype: str
-  loops: tuple[Loop, ...]
-  count: int | None
-  value: str
-  input_path: str | None
-  carry: int | None
-  donated: bool
-  lines: tuple[str, ...]
-  reason: str
-  fix: str | None
-
-  @property
-  def loop(self) -> Loop | None:
-    """The innermost enclosing loop, or None when the copy runs once per call."""
-    return self.loops[-1] if self.loops else None
-
-  @property
-  def bytes_per_call(self) -> int | None:
-    """Bytes copied per call (`nbytes * count`); None if a trip count is unknown."""
-    return None if self.count is None else self.nbytes * self.count
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -438,7 +372,7 @@ def format_copies(records: tuple[CopyRecord, ...], threshold: int = 65536) -> li
   """
   if not records:
     return []
-  known = [r.bytes_per_call for r in records if r.bytes_per_call is not None]
+  known = [r.per_call_bytes for r in records if r.per_call_bytes is not None]
   partial = " in known trip counts" if len(known) < len(records) else ""
   total = f", {format_bytes(sum(known))} copied per call{partial}"
   lines = [f"copies XLA added ({len(records)} of at least {format_bytes(threshold)}{total}):"]

@@ -9,7 +9,7 @@ whole config if it has a field it does not know (``collective_memory_granularity
 reads for code generation and cost models are kept.
 
 >>> spec = SPECS["h100"]
->>> spec.core_count, spec.compute_capability, spec.device_memory_size // 2**30
+>>> spec.core_count, spec.compute_capability, spec.device_memory_bytes // 2**30
 (132, (9, 0), 79)
 >>> print(spec.text().splitlines()[6])
   core_count: 132
@@ -47,9 +47,9 @@ class GpuSpec:
     core_count: streaming multiprocessors.
     compute_capability: (major, minor); the "a" feature set (sm_90a, sm_100a) is selected too.
     memory_bandwidth: bytes per second.
-    l2_cache_size: bytes.
+    l2_cache_bytes: bytes of L2 cache (XLA's `l2_cache_size`).
     clock_rate_ghz: SM clock.
-    device_memory_size: bytes of device memory.
+    device_memory_bytes: bytes of device memory (XLA's `device_memory_size`).
     dnn_version: cuDNN (major, minor, patch) the spec names.
     source: the spec file in XLA's repository the figures come from.
   """
@@ -59,11 +59,21 @@ class GpuSpec:
   core_count: int
   compute_capability: tuple[int, int]
   memory_bandwidth: int
-  l2_cache_size: int
+  l2_cache_bytes: int
   clock_rate_ghz: float
-  device_memory_size: int
+  device_memory_bytes: int
   dnn_version: tuple[int, int, int]
   source: str
+
+  @property
+  def l2_cache_size(self) -> int:
+    """The old name of `l2_cache_bytes`."""
+    return self.l2_cache_bytes
+
+  @property
+  def device_memory_size(self) -> int:
+    """The old name of `device_memory_bytes`."""
+    return self.device_memory_bytes
 
   def text(self) -> str:
     """The ``GpuTargetConfigProto`` text for ``get_topology_desc(target_config=...)``."""
@@ -72,9 +82,9 @@ class GpuSpec:
       ("core_count", self.core_count),
       *_BLOCK_LIMITS,
       ("memory_bandwidth", self.memory_bandwidth),
-      ("l2_cache_size", self.l2_cache_size),
+      ("l2_cache_size", self.l2_cache_bytes),
       ("clock_rate_ghz", self.clock_rate_ghz),
-      ("device_memory_size", self.device_memory_size),
+      ("device_memory_size", self.device_memory_bytes),
       ("shared_memory_per_block_optin", _SHARED_OPTIN),
     ]
     major, minor = self.compute_capability
@@ -102,9 +112,9 @@ SPECS = {
     core_count=132,
     compute_capability=(9, 0),
     memory_bandwidth=3352320000000,
-    l2_cache_size=52428800,
+    l2_cache_bytes=52428800,
     clock_rate_ghz=1.98,
-    device_memory_size=84942979072,
+    device_memory_bytes=84942979072,
     dnn_version=(8, 9, 4),
     source="xla/backends/gpu/target_config/specs/h100_sxm.txtpb",
   ),
@@ -114,9 +124,9 @@ SPECS = {
     core_count=148,
     compute_capability=(10, 0),
     memory_bandwidth=7672320000000,
-    l2_cache_size=132644864,
+    l2_cache_bytes=132644864,
     clock_rate_ghz=1.965,
-    device_memory_size=191514411008,
+    device_memory_bytes=191514411008,
     dnn_version=(9, 7, 0),
     source="xla/backends/gpu/target_config/specs/b200.txtpb",
   ),

@@ -1,7 +1,7 @@
 """Reading the files XLA writes beside a compiled module when asked to (`xla_dump_to`).
 
-`parse_buffer_assignment` reads `*after_optimizations-buffer-assignment.txt`: one `Allocation` per
-`allocation N: size S, color C, ...:` block, with the values XLA put in it at their offsets (the
+`parse_buffer_assignment` reads `*after_optimizations-buffer-assignment.txt`: one `XlaAllocation`
+per `allocation N: size S, color C, ...:` block, with the values XLA put in it at their offsets (the
 collective-memory sizing of `donate._symm_size` reads the allocations of the collective colour).
 `parse_live_ranges` reads `*after_optimizations-live-range.txt`: when each value is live in the
 module's schedule (`benchmarks/xla_dump.py` turns both into packing problems). The compiled
@@ -11,7 +11,7 @@ module's own text is read by `donate._xla.hlo`.
 ... allocation 13: size 53248, color 7, page 0, preallocated-temp:
 ...  value: <19 psum.7.2 @7> (size=4096,offset=0): f32[1024]{0:S(7)}
 ...  value: <20 while.3{1} (phi) @7> (size=8,offset=4096): s32[2]{0:S(7)}''')
->>> a.index, a.size, a.color, a.kind
+>>> a.index, a.nbytes, a.color, a.kind
 (13, 53248, 7, 'color 7, page 0, preallocated-temp')
 >>> a.values
 (('psum.7.2', 4096, 0), ('while.3{1}', 8, 4096))
@@ -33,18 +33,24 @@ _RANGE = re.compile(r"\s+(\S+):(\d+)-(\d+)\s*$")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Allocation:
-  """One allocation of XLA's buffer assignment: index, size in bytes, colour, and its values.
+class XlaAllocation:
+  """One allocation of XLA's buffer assignment: index, size in bytes (`nbytes`), colour, and its
+  values.
 
   `kind` is the rest of the allocation's header (`color 7, page 0, preallocated-temp`,
   `parameter 0, shape |f32[4]| at ShapeIndex {}`, ...); `values` are (value name, size, offset).
   """
 
   index: int
-  size: int
+  nbytes: int
   color: int
   kind: str
   values: tuple[tuple[str, int, int], ...]
+
+  @property
+  def size(self) -> int:
+    """The old name of `nbytes` (XLA's word)."""
+    return self.nbytes
 
 
 def dump_options(directory: str) -> dict:
@@ -57,19 +63,19 @@ def dump_options(directory: str) -> dict:
   return {"xla_dump_to": str(directory), "xla_dump_hlo_as_text": True}
 
 
-def parse_buffer_assignment(text: str) -> tuple[Allocation, ...]:
+def parse_buffer_assignment(text: str) -> tuple[XlaAllocation, ...]:
   """Parses a `*buffer-assignment.txt` dump into allocations (colour 0 when none is printed).
 
   Raises:
     ValueError: on a value line it cannot read (sizes summed from the rest would be wrong).
   """
-  out: list[Allocation] = []
+  out: list[XlaAllocation] = []
   head: tuple | None = None
   values: list[tuple[str, int, int]] = []
 
   def flush():
     if head is not None:
-      out.append(Allocation(*head, tuple(values)))
+      out.append(XlaAllocation(*head, tuple(values)))
 
   for line in text.splitlines():
     header = _ALLOCATION.match(line)
