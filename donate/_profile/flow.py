@@ -206,23 +206,12 @@ class Flow:
           found |= _fused_phases(self, user, k) | {self.phase_of(user)}
         else:
           found.add(self.phase_of(user))
-          todo += [(p, rest, depth + 1) for p in self._entered(user, k)]  # its readers inside
+          todo += [(p, rest, depth + 1) for p in _entered(self, user, k)]  # its readers inside
       if at.is_root and comp.is_entry is False:
         for caller, _ in self.module.callers.get(at.computation, []):
           if caller.opcode in ("call", "while", "conditional") and len(found) < 4:
             todo.append((caller, index, depth + 1))
     return found
-
-  def _entered(self, user: _hlo.Instruction, k: int) -> list:
-    """The parameters that hold operand `k` of a loop or call inside the computations it runs
-    (a loop's carry: its body's parameter)."""
-    if user.opcode == "while":
-      body = self._body(user)
-      return [p for p in (body.parameter(k),) if p is not None] if body is not None else []
-    if user.opcode != "call":
-      return []
-    comps = [self.module.computations.get(c) for c in user.calls]
-    return [p for c in comps if c is not None and (p := c.parameter(k)) is not None]
 
   def computed_from(self, k: int) -> dict[int, int]:
     """Entry parameter -> the fewest computing instructions between it and output `k`."""
@@ -314,3 +303,15 @@ def _sources(flow: Flow, at: _hlo.Instruction, element: int | None, d: int) -> l
     return [(*one(*flow.operand(callers[0][0], 0, () if element is None else (element,))), d)]
   step = 0 if op in _MOVES else 1
   return [(*one(*flow.operand(at, j)), d + step) for j in range(len(at.operands))]
+
+
+def _entered(flow: Flow, user: _hlo.Instruction, k: int) -> list:
+  """The parameters that hold operand `k` of a loop or call inside the computations it runs
+  (a loop's carry: its body's parameter)."""
+  if user.opcode == "while":
+    body = flow._body(user)
+    return [p for p in (body.parameter(k),) if p is not None] if body is not None else []
+  if user.opcode != "call":
+    return []
+  comps = [flow.module.computations.get(c) for c in user.calls]
+  return [p for c in comps if c is not None and (p := c.parameter(k)) is not None]
