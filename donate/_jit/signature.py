@@ -257,11 +257,40 @@ class _Facts:
   xla_decides: bool  # pairs XLA decides after partitioning (sharded leaves)
 
   def plan(self, first_come: str = ""):
-    """`(plan, comm)`: the donation plan (as `jax.jit` pairs, given `first_come`: why)."""
-    return _make_plan(
-      self.fn, self.leaves, self.outputs, self.requested, self.flow, self.marked,
-      self.xla_decides, first_come,
+    """`(plan, comm)`: the donation plan with the symmetric-memory notes, and the values marked
+    for symmetric memory. `first_come` (why only `jax.jit`'s own lowering can run this call):
+    pair as `jax.jit` does."""
+    options = self.fn.options
+    plan = _pairing.make_plan(
+      self.fn.name, self.leaves, self.outputs, self.requested, self.flow,
+      keep_unused=options.keep_unused, adopt_inner=options.adopt_inner,
+      xla_decides=self.xla_decides, first_come=first_come,
+      disabled=bool(jax.config.jax_debug_nans),  # type: ignore[attr-defined]  # set at run time
     )  # fmt: skip
+    comm = _symm.comm_buffers(self.marked)
+    if comm:
+      notes = plan.notes + tuple(_symm.comm_buffer_report(comm))
+      size = _symm.collective_memory_bytes(comm)
+      plan = dataclasses.replace(plan, notes=notes, collective_memory_bytes=size)
+    if options.strict_unusable:
+      _check_strict(self.fn.name, plan)
+    return plan, comm
+
+
+def _check_strict(name: str, plan) -> None:
+  """Strict mode refuses a donated host leaf, and donation while JAX donates nothing."""
+  if any(d.cause == Cause.NOT_A_DEVICE_BUFFER for d in plan.decisions if d.requested):
+    raise _errors.DonationError(plan.explain_host())
+  disabled = [d.path for d in plan.decisions if d.requested and d.cause == Cause.JAX_DEBUG_NANS]
+  if disabled:
+    raise _errors.DonationError(
+      _errors.message(
+        f"{name}: strict mode, and JAX donates nothing while jax_debug_nans is on",
+        expected="donation of " + ", ".join(disabled),
+        got="jax_debug_nans=True",
+        fix="turn jax_debug_nans off to donate, or drop strict=True while debugging NaNs",
+      )
+    )
 
 
 def _facts(fn: Function, call: _binding.Call, traced) -> _Facts:
@@ -292,36 +321,39 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   policy = _placement(facts, comm)
   if policy is not None:
     plan = dataclasses.replace(plan, notes=plan.notes + policy.placed_too)
-  closed, leaves, options = traced.jaxpr, facts.leaves, fn.options
-  replay = facts.marked is not closed or policy is not None
-  replay = replay or (facts.xla_decides and _route.refs_beside_donors(plan, leaves, closed))
-  native = not replay and _route.is_native(
-    options, plan, leaves, facts.outputs, facts.requested, facts.flow, facts.xla_decides
+  replay = facts.marked is not traced.jaxpr or policy is not None
+  replay = replay or (
+    facts.xla_decides and _route.refs_beside_donors(plan, facts.leaves, traced.jaxpr)
   )
-  n_consts = _compat.traced_num_consts(traced)
-  why = _route.first_come_only(
-    options, plan, leaves, facts.requested, facts.flow, facts.has_layouts, n_consts, replay, native
-  )
+  native, why = _route_of(facts, plan, replay)
   if why and why != _route.SAME_PAIRS:
     plan, comm = facts.plan(first_come=why)
   native, replay = native or bool(why), replay and not why
   inner = None
   if replay:
-    gpu_options = dict(policy.options) if policy is not None else {}
-    inner = _inner(fn, facts.marked, plan, traced, leaves, facts.in_sh, facts.out_sh, gpu_options)
+    options = dict(policy.options) if policy is not None else {}
+    inner = _inner(fn, facts.marked, plan, traced, facts.leaves, facts.in_sh, facts.out_sh, options)
   structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
+  realiased = not (native or replay)
+  first_come = (lambda why: facts.plan(first_come=why)[0]) if realiased else None
   return Prepared(
-    fn,
-    structure,
-    traced,
-    plan,
-    inner,
-    realiased=not (native or replay),
-    first_come=None if native or replay else (lambda why: facts.plan(first_come=why)[0]),
-    in_shardings=tuple(facts.in_sh),
-    comm=tuple(comm),
-    placement=policy,
+    fn, structure, traced, plan, inner, realiased, first_come, tuple(facts.in_sh), tuple(comm),
+    policy,
+  )  # fmt: skip
+
+
+def _route_of(facts: _Facts, plan, replay: bool) -> tuple[bool, str]:
+  """`(native, why)`: whether the plan is jax.jit's own, and why only jax.jit's own lowering
+  should run it (`route.first_come_only`; "" when the re-paired program is worth its bytes)."""
+  options, leaves = facts.fn.options, facts.leaves
+  native = not replay and _route.is_native(
+    options, plan, leaves, facts.outputs, facts.requested, facts.flow, facts.xla_decides
   )
+  n_consts = _compat.traced_num_consts(facts.traced)
+  why = _route.first_come_only(
+    options, plan, leaves, facts.requested, facts.flow, facts.has_layouts, n_consts, replay, native
+  )
+  return native, why
 
 
 def _arguments(fn: Function, call: _binding.Call, traced):
@@ -353,52 +385,6 @@ def _arguments(fn: Function, call: _binding.Call, traced):
       fact = facts[key] = (tuple(a.shape), _text.dtype_name(a.dtype), _binding.aval_nbytes(a))
     outputs.append(_donation_plan.OutputInfo(p, *fact, s))
   return leaves, outputs, in_sh, out_sh, has_layouts
-
-
-def _make_plan(
-  fn: Function, leaves, outputs, requested, flow, marked, xla_decides: bool, first_come: str = ""
-):
-  """The donation plan, with the symmetric-memory notes; `strict` rejects host leaves here.
-
-  `first_come` (why only `jax.jit`'s own lowering can run this call): pair as `jax.jit` does.
-  """
-  options = fn.options
-  plan = _pairing.make_plan(
-    fn.name,
-    leaves,
-    outputs,
-    requested,
-    flow,
-    keep_unused=options.keep_unused,
-    adopt_inner=options.adopt_inner,
-    xla_decides=xla_decides,
-    first_come=first_come,
-    disabled=bool(jax.config.jax_debug_nans),  # type: ignore[attr-defined]  # set at run time
-  )
-  comm = _symm.comm_buffers(marked)
-  if comm:
-    plan = dataclasses.replace(
-      plan,
-      notes=plan.notes + tuple(_symm.comm_buffer_report(comm)),
-      collective_memory_bytes=_symm.collective_memory_bytes(comm),
-    )
-  if options.strict_unusable and any(
-    d.cause == Cause.NOT_A_DEVICE_BUFFER for d in plan.decisions if d.requested
-  ):
-    raise _errors.DonationError(plan.explain_host())
-  disabled = options.strict_unusable and [
-    d.path for d in plan.decisions if d.requested and d.cause == Cause.JAX_DEBUG_NANS
-  ]
-  if disabled:
-    raise _errors.DonationError(
-      _errors.message(
-        f"{fn.name}: strict mode, and JAX donates nothing while jax_debug_nans is on",
-        expected="donation of " + ", ".join(disabled),
-        got="jax_debug_nans=True",
-        fix="turn jax_debug_nans off to donate, or drop strict=True while debugging NaNs",
-      )
-    )
-  return plan, comm
 
 
 # The actions of the leaves whose parameter attributes the plan sets (`with_plan_aliases`).
