@@ -2,12 +2,11 @@
 
 Every `donate.jit` holds a real `jax.jit` of the user's function with the user's own keywords (the
 *gate*, `_gate`). JAX validates the keywords, binds and traces each call exactly as `jax.jit` does;
-donate reads the traced jaxpr and plans every leaf (`_signature.prepare`), then the gate itself,
+donate reads the traced jaxpr and plans every leaf (`signature.prepare`), then the gate itself,
 its lowering with the plan's aliases, or a replay of a marked program runs the call (see
-`_signature`). The gate's traced
-functions raise `_gate.Replan` unless donate's slow path opened them, so a signature donate has not
-planned never runs unplanned: cached calls go straight to `jax.jit`'s C++ dispatch, and a new
-signature falls back here.
+`signature` and `program`). The gate's traced functions raise `_gate.Replan` unless donate's slow
+path opened them, so a signature donate has not planned never runs unplanned: cached calls go
+straight to `jax.jit`'s C++ dispatch, and a new signature falls back here.
 """
 
 from __future__ import annotations
