@@ -615,3 +615,25 @@ def test_gradient_accumulation_over_microbatches_in_a_loop():
           and e.source.endswith(f"{THIS}:{_line('microbatch sums')}")]
   assert sums and all(e.category == "gradients" for e in sums)
   assert "state" not in {e.category for e in p.at_peak}
+
+
+def swapped_momentum_step(params, mu, x):
+  new_params, new_mu = momentum_step(params, mu, x)
+  return new_mu, new_params  # the other order: donate.jit re-pairs, jax.jit does not run it
+
+
+def test_advice_of_a_donate_jit_function_offers_what_it_could_donate_measured():
+  """A donate.jit program jax.jit does not run as its own (re-paired by dataflow) still gets the
+  "donate what could be donated" candidate, compiled: the same trace with mu donated too."""
+  d = 256
+  params = {"wi": jnp.full((d, 4 * d), 0.01), "wo": jnp.full((4 * d, d), 0.01)}
+  args = (params, params, jnp.ones((256, d)))
+  f = donate.jit(swapped_momentum_step, donate_argnums=0)
+  assert f.trace(*args).__donate_program__().traced is None  # not jax.jit's own program
+  direct = donate.memory_profile(jax.jit(swapped_momentum_step, donate_argnums=(0, 1)), *args)
+  for p in (donate.memory_profile(f, *args), f.lower(*args).compile().memory_profile()):
+    assert {s.argnum for s in p.could_donate} == {1}
+    [donation] = [a for a in p.advice() if a.how == "donate_argnums=1"]
+    assert donation.measured and donation.peak_bytes == direct.peak_bytes
+    assert donation.saving_bytes == p.peak_bytes - direct.peak_bytes
+    assert "mu['wi']" in donation.change

@@ -111,7 +111,34 @@ def source_of(program, plan=None, call=None, compiler_options=None) -> _profile.
     compiler_options,
     prep.lower_without_donation(call),
     prep.traced if prep.jax_own else None,
+    None if prep.jax_own else lower_donating(prep, call),
   )
+
+
+def lower_donating(prep, call):
+  """For the memory profile's advice on a program `jax.jit` does not run as its own (re-paired
+  or replayed): a function of positional argnums lowering the same trace (the gate's, or the
+  replay's) with those arguments' leaves donated too, as `jax.jit` donates them; None when the
+  call's leaves are not at hand."""
+  if call is None or (not prep.native and any(x is None for x in call.leaves)):
+    return None
+
+  def lower(argnums: tuple[int, ...]):
+    dyn_args, _ = tree_util.tree_unflatten(call.treedef, list(range(len(call.leaves))))
+    leaves = {
+      k
+      for n in argnums
+      if n in call.positions
+      for k in tree_util.tree_leaves(dyn_args[call.positions.index(n)])
+    }
+    if prep.native:
+      traced = prep.traced
+    else:
+      with prep.fn.gate:
+        traced = prep.inner.jitted.trace(*call.leaves)
+    return _compat.traced_with_donation(traced, leaves).lower()
+
+  return lower
 
 
 def with_profile(program, plan, compiler_options=None, call=None) -> _donation_plan.DonationPlan:

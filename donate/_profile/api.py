@@ -102,23 +102,29 @@ the function with its arguments)
   return dataclasses.replace(profile, program=_program(lowered, profile.platform))
 
 
-def _program(lowered, platform: str, traced=None, options=None) -> _advice.Program:
-  """How `advice()` compiles the profiled program again (with more donations: from `traced`),
-  with its own compiler `options` (XLA's dump options left out) and the candidate's."""
+def _program(
+  lowered, platform: str, traced=None, options=None, lower_donating=None
+) -> _advice.Program:
+  """How `advice()` compiles the profiled program again (with more donations: from `traced`,
+  else `lower_donating`, a `donate.jit` program's), with its own compiler `options` (XLA's dump
+  options left out) and the candidate's."""
   given = {k: v for k, v in (options or {}).items() if not k.startswith("xla_dump")}
 
   def compile_with(extra: dict) -> int:
     return _peak(lowered, {**given, **extra}, platform)
 
   def donating(argnums: tuple[int, ...]) -> int:
+    if traced is None:
+      return _peak(lower_donating(argnums), given, platform)
     args = traced.args_info[0]
     starts = [0]
     for a in args:
       starts.append(starts[-1] + len(tree_util.tree_leaves(a)))
     leaves = {k for n in argnums for k in range(starts[n], starts[n + 1])}
-    return _peak(_compat.traced_with_donation(traced, leaves).lower(), {}, platform)
+    return _peak(_compat.traced_with_donation(traced, leaves).lower(), given, platform)
 
-  return _advice.Program(compile_with, donating if traced is not None else None)
+  can_donate = traced is not None or lower_donating is not None
+  return _advice.Program(compile_with, donating if can_donate else None)
 
 
 def _signature(fn):
@@ -208,7 +214,7 @@ def profile_of_source(src: Source) -> MemoryProfile:
   profile = _profile(compiled, dump, module, src.signature, src.name, names)
   baseline = _baseline.Baseline(src.lower_without_donation, _baseline.COMPILED_ALONE)
   profile = measured(profile, baseline, options)
-  program = _program(src.lowered, profile.platform, src.traced, options)
+  program = _program(src.lowered, profile.platform, src.traced, options, src.lower_donating)
   return dataclasses.replace(profile, program=program)
 
 

@@ -26,6 +26,8 @@ class Source:
   compiler_options: dict | None = None  # the options it was compiled with
   lower_without_donation: Callable[[], Any] | None = None  # the saving's baseline, if at hand
   traced: Any = None  # the jax.stages.Traced of jax.jit's own lowering, when that runs it
+  # for advice, where `traced` is None: argnums -> the program lowered with those donated too
+  lower_donating: Callable[[tuple[int, ...]], Any] | None = None
 
 
 @runtime_checkable
