@@ -631,9 +631,11 @@ def test_advice_of_a_donate_jit_function_offers_what_it_could_donate_measured():
   f = donate.jit(swapped_momentum_step, donate_argnums=0)
   assert f.trace(*args).__donate_program__().traced is None  # not jax.jit's own program
   direct = donate.memory_profile(jax.jit(swapped_momentum_step, donate_argnums=(0, 1)), *args)
-  for p in (donate.memory_profile(f, *args), f.lower(*args).compile().memory_profile()):
+  jitted = jax.jit(swapped_momentum_step, donate_argnums=0)
+  for p in (donate.memory_profile(f, *args), f.lower(*args).compile().memory_profile(),
+            donate.memory_profile(jitted, *args)):
     assert {s.argnum for s in p.could_donate} == {1}
-    [donation] = [a for a in p.advice() if a.how == "donate_argnums=1"]
+    [donation] = [a for a in p.advice() if a.how == "donate_argnums=(0, 1)"]  # 0 kept
     assert donation.measured and donation.peak_bytes == direct.peak_bytes
     assert donation.saving_bytes == p.peak_bytes - direct.peak_bytes
     assert "mu['wi']" in donation.change

@@ -112,7 +112,21 @@ def source_of(program, plan=None, call=None, compiler_options=None) -> _profile.
     prep.lower_without_donation(call),
     prep.traced if prep.jax_own else None,
     None if prep.jax_own else lower_donating(prep, call),
+    _donated_argnums(prep, call),
   )
+
+
+def _argument_leaves(call) -> dict[int, list[int]]:
+  """Positional argument -> the indices of its leaves among the call's dynamic leaves."""
+  dyn_args, _ = tree_util.tree_unflatten(call.treedef, list(range(len(call.leaves))))
+  return {n: tree_util.tree_leaves(dyn_args[k]) for k, n in enumerate(call.positions)}
+
+
+def _donated_argnums(prep, call) -> tuple[int, ...]:
+  if call is None:
+    return ()
+  donated = prep.donated
+  return tuple(n for n, ks in _argument_leaves(call).items() if ks and set(ks) <= donated)
 
 
 def lower_donating(prep, call):
@@ -124,13 +138,8 @@ def lower_donating(prep, call):
     return None
 
   def lower(argnums: tuple[int, ...]):
-    dyn_args, _ = tree_util.tree_unflatten(call.treedef, list(range(len(call.leaves))))
-    leaves = {
-      k
-      for n in argnums
-      if n in call.positions
-      for k in tree_util.tree_leaves(dyn_args[call.positions.index(n)])
-    }
+    of = _argument_leaves(call)
+    leaves = {k for n in argnums for k in of.get(n, ())}
     if prep.native:
       traced = prep.traced
     else:

@@ -86,6 +86,7 @@ class Program:
 
   compile: Callable[[dict], int]
   donating: Callable[[tuple[int, ...]], int] | None = None
+  donated_argnums: tuple[int, ...] = ()  # what it donates already (the keyword keeps them)
 
 
 def _checkpoint_lines(profile) -> list[Advice]:
@@ -125,7 +126,8 @@ def advise(profile, candidates=None) -> tuple[Advice, ...]:
   found = []
   argnums = tuple(sorted({s.argnum for s in profile.could_donate if s.argnum is not None}))
   if argnums and program.donating is not None:
-    how = "donate_argnums=" + (str(argnums[0]) if len(argnums) == 1 else str(argnums))
+    every = tuple(sorted(set(argnums) | set(program.donated_argnums)))
+    how = "donate_argnums=" + (str(every[0]) if len(every) == 1 else str(every))
     if _wanted(candidates, "donate", how):
       peak = program.donating(argnums)
       found.append(

@@ -103,7 +103,7 @@ the function with its arguments)
 
 
 def _program(
-  lowered, platform: str, traced=None, options=None, lower_donating=None
+  lowered, platform: str, traced=None, options=None, lower_donating=None, donated=()
 ) -> _advice.Program:
   """How `advice()` compiles the profiled program again (with more donations: from `traced`,
   else `lower_donating`, a `donate.jit` program's), with its own compiler `options` (XLA's dump
@@ -124,7 +124,10 @@ def _program(
     return _peak(_compat.traced_with_donation(traced, leaves).lower(), given, platform)
 
   can_donate = traced is not None or lower_donating is not None
-  return _advice.Program(compile_with, donating if can_donate else None)
+  if traced is not None:
+    args = [tree_util.tree_leaves(a) for a in traced.args_info[0]]
+    donated = tuple(n for n, a in enumerate(args) if a and all(x.donated for x in a))
+  return _advice.Program(compile_with, donating if can_donate else None, donated)
 
 
 def _signature(fn):
@@ -214,7 +217,9 @@ def profile_of_source(src: Source) -> MemoryProfile:
   profile = _profile(compiled, dump, module, src.signature, src.name, names)
   baseline = _baseline.Baseline(src.lower_without_donation, _baseline.COMPILED_ALONE)
   profile = measured(profile, baseline, options)
-  program = _program(src.lowered, profile.platform, src.traced, options, src.lower_donating)
+  program = _program(
+    src.lowered, profile.platform, src.traced, options, src.lower_donating, src.donated_argnums
+  )
   return dataclasses.replace(profile, program=program)
 
 

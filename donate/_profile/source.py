@@ -28,6 +28,7 @@ class Source:
   traced: Any = None  # the jax.stages.Traced of jax.jit's own lowering, when that runs it
   # for advice, where `traced` is None: argnums -> the program lowered with those donated too
   lower_donating: Callable[[tuple[int, ...]], Any] | None = None
+  donated_argnums: tuple[int, ...] = ()  # the positional arguments it donates every leaf of
 
 
 @runtime_checkable
