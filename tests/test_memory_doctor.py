@@ -639,3 +639,20 @@ def test_advice_of_a_donate_jit_function_offers_what_it_could_donate_measured():
     assert donation.measured and donation.peak_bytes == direct.peak_bytes
     assert donation.saving_bytes == p.peak_bytes - direct.peak_bytes
     assert "mu['wi']" in donation.change
+
+
+def test_the_cli_summary_cuts_no_category_in_two():
+  """A row of the summary lists the largest categories that fit whole in its width."""
+  from donate._profile import script
+
+  p = donate.memory_profile(jax.jit(momentum_step, donate_argnums=(0, 1)),
+                            {"wi": jnp.ones((256, 1024)), "wo": jnp.ones((1024, 256))},
+                            {"wi": jnp.ones((256, 1024)), "wo": jnp.ones((1024, 256))},
+                            jnp.ones((256, 256)))
+  names = [g.key for g in p.by_category()]
+  assert len(names) >= 3
+  for width in (80, 90, 100, 120):
+    row = script.summary([p], width=width).splitlines()[-1]
+    assert len(row) <= width
+    shown = [part.rsplit(" ", 2)[0] for part in row[52:].split(", ")]
+    assert shown == names[:len(shown)] and shown, (width, row)

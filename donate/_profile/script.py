@@ -149,15 +149,25 @@ def summary(found: list, width: int = 100, cached: int = 0) -> str:
     )
   lines += [head, "-" * len(head)]
   for p in sorted(found, key=lambda p: -p.peak_bytes)[:30]:
-    top = ", ".join(f"{g.key} {format_bytes(g.bytes)}" for g in p.by_category()[:3])
     fits = ["yes" if p.fits(d) else "no" for d in ("h100", "b200")]
     name = p.function if len(p.function) <= 28 else p.function[:27] + "…"
-    lines.append(
-      f"{name:<28} {format_bytes(p.peak_bytes):>10}  {fits[0]:<4} {fits[1]:<4}  {top}"[:width]
-    )
+    row = f"{name:<28} {format_bytes(p.peak_bytes):>10}  {fits[0]:<4} {fits[1]:<4}  "
+    lines.append((row + _top(p, width - len(row)))[:width])
   if len(found) > 30:
     lines.append(f"({len(found) - 30} smaller programs)")
   return "\n".join(lines)
+
+
+def _top(profile, room: int) -> str:
+  """The largest categories at the peak (up to three) that fit whole in `room` characters (the
+  first always)."""
+  top = ""
+  for g in profile.by_category()[:3]:
+    part = f"{g.key} {format_bytes(g.total_bytes)}"
+    if top and len(top) + 2 + len(part) > room:
+      break
+    top = f"{top}, {part}" if top else part
+  return top
 
 
 def write_pages(found: list, out: str) -> list[str]:
