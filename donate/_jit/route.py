@@ -15,20 +15,30 @@ def is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool
   """Whether `jax.jit`'s own lowering makes the plan: same donated leaves, same pairs."""
   if any(a.kind != Request.INNER_JIT or options.adopt_inner for a in flow.annotations):
     return False
-  used = [options.keep_unused or u for u in flow.used]
-  consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
   debug_nans = jax.config.jax_debug_nans  # type: ignore[attr-defined]  # set at run time
-  jax_donated = [] if debug_nans else [i for i in requested if used[i]]
-  if not consumed <= set(jax_donated):
+  jax_donated = [] if debug_nans else _jax_donated(options, requested, flow)
+  if not _consumed(plan) <= set(jax_donated):
     return False
   fcfs = _pairing.fcfs_pairs(leaves, outputs, jax_donated)
   planned = plan.pairs()
-  device = {i for i, leaf in enumerate(leaves) if leaf.kind != Kind.HOST}
   if xla_decides:
     # jax.jit offers every donated input to XLA as a donor and XLA pairs them first come, first
     # served after partitioning: jax.jit's own path makes the plan when its pairs agree with that.
     return all(fcfs.get(i) == j for i, j in planned.items())
-  return {i: j for i, j in fcfs.items() if i in device} == planned
+  return {i: j for i, j in fcfs.items() if leaves[i].kind != Kind.HOST} == planned
+
+
+def _jax_donated(options, requested, flow) -> list[int]:
+  """The requested leaves `jax.jit` donates: those the program keeps (`keep_unused`, or read)."""
+  if options.keep_unused:
+    return list(requested)
+  used = flow.used
+  return [i for i in requested if used[i]]
+
+
+def _consumed(plan) -> set[int]:
+  """The leaves the plan consumes (aliased or offered as donors)."""
+  return {i for i, d in enumerate(plan.decisions) if d.consumed}
 
 
 def first_come_only(
@@ -69,16 +79,15 @@ def first_come_only(
 def _small_difference(plan, leaves, requested, flow, options) -> set[int] | None:
   """The leaves whose pairs differ from `jax.jit`'s first-come pairs when all of them are under
   `copy_threshold` bytes and the plan donates nothing `jax.jit` does not, else None."""
-  jax_donated = [i for i in requested if options.keep_unused or flow.used[i]]
-  consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
-  if not consumed <= set(jax_donated):
+  jax_donated = _jax_donated(options, requested, flow)
+  if not _consumed(plan) <= set(jax_donated):
     return None
   fcfs = _pairing.fcfs_pairs(leaves, plan.outputs, jax_donated)
   planned = plan.pairs()
-  differ = {i for i in set(fcfs) | set(planned) if fcfs.get(i) != planned.get(i)}
-  small = all(
-    isinstance(leaves[i].nbytes, int) and leaves[i].nbytes < options.copy_threshold for i in differ
-  )
+  differ = {i for i, j in fcfs.items() if planned.get(i) != j}
+  differ.update(i for i, j in planned.items() if fcfs.get(i) != j)
+  threshold = options.copy_threshold
+  small = all(isinstance(leaves[i].nbytes, int) and leaves[i].nbytes < threshold for i in differ)
   return differ if small else None
 
 

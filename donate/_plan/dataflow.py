@@ -162,12 +162,16 @@ class _Walker:
         self._check_not_consumed(eqn, consumed)
       elif eqn.primitive.name in _ELEMENTWISE_ONLY and len(eqn.outvars) == 1:
         # The common case, without `_eqn`'s per-operand pairs (a wide pytree's step is thousands
-        # of these): the same rule, `_elementwise`.
-        out = eqn.outvars[0]
+        # of these): the same rule as `_elementwise`, inline.
+        (out,) = eqn.outvars
         origin[out] = None
-        sources[out] = _elementwise(
-          eqn, [_EMPTY if isinstance(v, literal) else sources.get(v, _EMPTY) for v in eqn.invars]
-        )
+        shape = getattr(out.aval, "shape", ())
+        same = None
+        for atom in eqn.invars:
+          s = _EMPTY if isinstance(atom, literal) else sources.get(atom, _EMPTY)
+          if s and getattr(atom.aval, "shape", None) == shape:
+            same = s if same is None else _merge(same, s)
+        sources[out] = _EMPTY if same is None else _cap(same, ELEMENTWISE)
         continue
       ins = [read(v) for v in eqn.invars]
       outs = self._eqn(eqn, ins, consumed)
@@ -183,8 +187,11 @@ class _Walker:
               fix="return the value the annotation returned instead of the original",
             )
           )
-    outs = [read(v) for v in jaxpr.outvars]
-    return [o for o, _ in outs], [s for _, s in outs]
+    outvars = jaxpr.outvars
+    return (
+      [None if isinstance(v, literal) else origin.get(v) for v in outvars],
+      [_EMPTY if isinstance(v, literal) else sources.get(v, _EMPTY) for v in outvars],
+    )
 
   def _check_not_consumed(self, eqn, consumed):
     for v in eqn.invars:
@@ -299,13 +306,17 @@ def analyze(closed: jcore.ClosedJaxpr, skip: int = 0) -> Dataflow:
   origins = [None] * skip + list(range(n))
   _, sources = walker.walk(jaxpr, origins, [{}] * skip + [{i: IDENTITY} for i in range(n)])
   none: frozenset[int] = frozenset()
-  explicit = tuple(
-    frozenset(k for k, s in src.items() if s >= EXPLICIT)
-    if any(s >= EXPLICIT for s in src.values())
-    else none
-    for src in sources
-  )
-  plain = tuple(_cap(src, IDENTITY) for src in sources)
+  # Without an `alias` (the only EXPLICIT links) no link is above IDENTITY: nothing to split.
+  explicit: tuple[frozenset[int], ...] = (none,) * len(sources)
+  plain = tuple(sources)
+  if any(a.kind == Request.ALIAS for a in walker.annotations):
+    explicit = tuple(
+      frozenset(k for k, s in src.items() if s >= EXPLICIT)
+      if any(s >= EXPLICIT for s in src.values())
+      else none
+      for src in sources
+    )
+    plain = tuple(_cap(src, IDENTITY) for src in sources)
   # An input some output's sources name is read (a source is a real data dependency); only when
   # one is not named does dead-code elimination decide whether anything reads it.
   named = set().union(*sources)

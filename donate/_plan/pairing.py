@@ -106,7 +106,9 @@ def _size(x) -> int:
 def _compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
   """Whether the output can live in the leaf's buffer: same key, and same layout across devices
   when both shardings are known."""
-  if _key(leaf) != _key(out):
+  if leaf.dtype != out.dtype or tuple(leaf.shape) != tuple(out.shape):  # `_key`, field by field
+    return False
+  if leaf.group_kind != out.group_kind:
     return False
   a, b = leaf.sharding_obj, out.sharding_obj
   if a is None or b is None:
@@ -133,8 +135,8 @@ def _check(
         )
       )
   into: dict[int, list[int]] = collections.defaultdict(list)
-  for j in range(len(outputs)):
-    for i in flow.out_explicit[j]:
+  for j, explicit in enumerate(flow.out_explicit):
+    for i in explicit:
       into[i].append(j)
   for i, outs in into.items():
     if len(outs) > 1:
@@ -156,7 +158,7 @@ def _requests(
   """Adds annotations to the requests. Returns ({leaf: (request, where)}, notes, {leaf: ignored
   inner donation})."""
   sources: dict[int, tuple[Request, str | None]] = {
-    i: (Request(r), None) for i, r in requested.items()
+    i: (r if type(r) is Request else Request(r), None) for i, r in requested.items()
   }
   notes: list[str] = []
   ignored: dict[int, str] = {}
@@ -227,14 +229,8 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     queue = free.get(_key(out))
     if j in taken or not queue or (xla_decides and out.sharding_obj is None):
       continue
-    k = next(
-      (
-        k
-        for k, i in enumerate(queue)
-        if _compatible(leaves[i], out) and (len(queue) == 1 or flow.can_host(i, j))
-      ),
-      None,
-    )
+    fits = (k for k, i in enumerate(queue) if _compatible(leaves[i], out))
+    k = next((k for k in fits if len(queue) == 1 or flow.can_host(queue[k], j)), None)
     if k is not None:
       pairs[queue.pop(k)] = (j, 0)
       taken.add(j)
@@ -479,8 +475,9 @@ def make_plan(
   )
   used = [keep_unused or u for u in flow.used]
   donated = [] if disabled else [i for i in sorted(sources) if used[i] and leaves[i].is_array]
-  pairs = _pair(leaves, outputs, donated, flow, xla_decides)
-  if first_come:
+  if not first_come:
+    pairs = _pair(leaves, outputs, donated, flow, xla_decides)
+  else:
     pairs = _first_come(leaves, outputs, donated, flow)
     notes.append(
       f"dataflow pairing not applied: {first_come}; outputs reuse donated buffers "
