@@ -75,6 +75,7 @@ class Flow:
   def __init__(self, module: _hlo.Module):
     self.module = module
     self._uses = {name: _uses(module, comp) for name, comp in module.computations.items()}
+    self._ops: dict[str, str | None] = {}  # instruction -> its op_name (parsed once)
     self.roots = naming.output_instructions(module)
 
   def uses(self, instr: _hlo.Instruction) -> list:
@@ -93,17 +94,21 @@ class Flow:
     found = self.module.find(base, instr.computation)
     return found, (index if element is None else (element,) + index)
 
+  def op(self, instr: _hlo.Instruction) -> str | None:
+    """`instr`'s own `op_name` (its metadata read once per profile)."""
+    if instr.name not in self._ops:
+      self._ops[instr.name] = instr.metadata_op
+    return self._ops[instr.name]
+
   def scope_of(self, instr: _hlo.Instruction | None) -> str | None:
     """`instr`'s own `op_name`, or the first of its fused kernel's."""
-    if instr is None:
-      return None
-    if instr.metadata_op:
-      return instr.metadata_op
+    if instr is None or self.op(instr):
+      return None if instr is None else self.op(instr)
     for name in instr.calls if instr.opcode == "fusion" else ():
       comp = self.module.computations.get(name)
       for inner in comp.instructions if comp is not None else ():
-        if inner.metadata_op:
-          return inner.metadata_op
+        if self.op(inner):
+          return self.op(inner)
     return None
 
   def phase_of(self, instr: _hlo.Instruction | None) -> str:
@@ -275,8 +280,8 @@ def _fused_phases(flow: Flow, fusion: _hlo.Instruction, k: int) -> set[str]:
       for user, _ in flow.users(at):
         if user.opcode in _MOVES and len(found) < 4:
           todo.append(user)
-        elif user.metadata_op:
-          found.add(phase(user.metadata_op))
+        elif flow.op(user):
+          found.add(phase(flow.op(user)))
   return found
 
 
