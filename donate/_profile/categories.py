@@ -27,7 +27,7 @@ Nothing is attributed by size or by a variable's name: the pass is JAX's name st
 {'w': 'parameters', 'x': 'inputs'}
 >>> "gradients" in {g.key for g in p.by_category()}
 True
->>> sum(g.bytes for g in p.by_category()) == p.peak_bytes
+>>> sum(g.total_bytes for g in p.by_category()) == p.peak_bytes
 True
 """
 
@@ -90,7 +90,7 @@ def pair(flow: Flow, params, outs, module: _hlo.Module) -> Pairing:
       for c in candidates
       if c[2] in by_number
       and c[1].shape == by_number[c[2]].shape
-      and c[1].bytes == by_number[c[2]].bytes
+      and c[1].nbytes == by_number[c[2]].nbytes
     ),
     key=lambda c: (c[0], -_suffix(by_number[c[2]].path, c[1].path), c[1].index, c[2]),
   )
