@@ -656,3 +656,13 @@ def test_the_cli_summary_cuts_no_category_in_two():
     assert len(row) <= width
     shown = [part.rsplit(" ", 2)[0] for part in row[52:].split(", ")]
     assert shown == names[:len(shown)] and shown, (width, row)
+
+
+def test_advice_says_when_a_change_raises_the_peak():
+  """MaxText's tiny train step peaks 1.5 KiB higher with the memory scheduler: said as such."""
+  from donate._profile.advice import Advice
+
+  up, same, down = (Advice("schedule", "opt", 1000 - s, s) for s in (-24, 0, 24))
+  assert str(up) == "schedule: raises the peak to 1.0 KiB (24 B more), measured - opt"
+  assert str(same) == "schedule: leaves the peak at 1000 B, measured - opt"
+  assert str(down) == "schedule: lowers the peak to 976 B (24 B saved), measured - opt"

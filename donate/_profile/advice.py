@@ -71,11 +71,14 @@ class Advice:
   def __str__(self) -> str:
     if self.peak_bytes is None:
       return f"{self.change}: {format_bytes(self.saving_bytes)} at the peak (stated) - {self.how}"
-    verb = "lowers" if self.saving_bytes > 0 else "does not lower"
-    return (
-      f"{self.change}: {verb} the peak to {format_bytes(self.peak_bytes)} "
-      f"({format_bytes(self.saving_bytes)} saved), measured - {self.how}"
-    )
+    peak, saving = format_bytes(self.peak_bytes), self.saving_bytes
+    if saving > 0:
+      effect = f"lowers the peak to {peak} ({format_bytes(saving)} saved)"
+    elif saving == 0:
+      effect = f"leaves the peak at {peak}"
+    else:
+      effect = f"raises the peak to {peak} ({format_bytes(-saving)} more)"
+    return f"{self.change}: {effect}, measured - {self.how}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
