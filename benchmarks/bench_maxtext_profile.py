@@ -10,6 +10,9 @@ timed) and one run without it (the plain compiles); the table goes to stdout, ea
 (`python -m donate.profile`'s) to stderr:
 
   python benchmarks/bench_maxtext_profile.py --python V/bin/python [--configs dense,moe,gacc,serve]
+
+With `--advice`: the dense train step profiled by `donate.memory_profile` instead (the step's
+first call recorded through a wrapped `jax.jit`) and its `advice()`, each timed.
 """
 
 from __future__ import annotations
@@ -74,6 +77,69 @@ def serve(argv: list[str]) -> None:
     state, _ = engine.generate(params, state, rng=rng)
 
 
+def _recording(jax, recorded: dict):
+  """`jax.jit` that records the train step's first call (its arguments' shapes and shardings)."""
+  real = jax.jit
+
+  def spec(x):
+    return (
+      jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if hasattr(x, "sharding") else x
+    )
+
+  class Recorder:
+    def __init__(self, jitted):
+      self._jitted = jitted
+
+    def __call__(self, *args, **kwargs):
+      recorded.setdefault("step", (self._jitted, jax.tree.map(spec, (args, kwargs))))
+      return self._jitted(*args, **kwargs)
+
+    def __getattr__(self, k):
+      return getattr(self._jitted, k)
+
+  def jit(fun=None, *a, **kw):
+    if fun is None:
+      return lambda f: jit(f, *a, **kw)
+    jitted = real(fun, *a, **kw)
+    return Recorder(jitted) if getattr(fun, "__name__", "") == "train_step" else jitted
+
+  return jit
+
+
+def advice_child(out: str) -> None:
+  """The dense train step profiled with `donate.memory_profile` (its first call's arguments,
+  recorded) and its `advice()`, timed."""
+  import jax  # noqa: PLC0415
+
+  import donate  # noqa: PLC0415
+  from donate._profile import script  # noqa: PLC0415
+
+  jax.config.update("jax_enable_compilation_cache", False)
+  recorded: dict = {}
+  real, jax.jit = jax.jit, _recording(jax, recorded)
+  import maxtext  # noqa: PLC0415
+
+  base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+  folder = tempfile.mkdtemp(prefix="bench-maxtext-")
+  argv = [TRAIN, base, *TINY, "run_name=advice", f"base_output_directory={folder}/out"]
+  assert script.run(None, TRAIN, argv) == 0
+  jax.jit = real
+  jitted, (args, kwargs) = recorded["step"]
+  start = time.perf_counter()
+  profile = donate.memory_profile(jitted, *args, **kwargs)
+  built = time.perf_counter() - start
+  items = profile.advice()
+  row = {
+    "peak": profile.peak_bytes,
+    "build_s": built,
+    "advice_s": time.perf_counter() - start - built,
+    "could_donate": [s.path for s in profile.could_donate],
+    "advice": [str(a) for a in items],
+  }
+  with open(out, "w") as fh:
+    json.dump(row, fh)
+
+
 def child(name: str, dump: bool, out: str) -> None:
   """One run of configuration `name` in this process (MaxText's environment)."""
   import jax  # noqa: PLC0415
@@ -123,11 +189,33 @@ def main(argv=None) -> int:
   ap.add_argument("--python", default=sys.executable)
   ap.add_argument("--configs", default="dense,moe,gacc,serve")
   ap.add_argument("--child", nargs=3, metavar=("NAME", "DUMP", "OUT"))
+  ap.add_argument("--advice", action="store_true", help="the dense step's advice() instead")
   args = ap.parse_args(argv)
   if args.child:
-    child(args.child[0], args.child[1] == "1", args.child[2])
+    if args.child[0] == "advice":
+      advice_child(args.child[2])
+    else:
+      child(args.child[0], args.child[1] == "1", args.child[2])
     return 0
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  if args.advice:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+      subprocess.run(
+        [args.python, __file__, "--child", "advice", "0", out.name],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=900,
+      )
+      row = json.load(open(out.name))
+    print(
+      f"dense train_step by donate.memory_profile: peak {row['peak']} B, lower + compile + "
+      f"profile {row['build_s']:.2f} s, advice() {row['advice_s']:.2f} s, could_donate "
+      f"{row['could_donate']}"
+    )
+    for line in row["advice"]:
+      print("  " + line)
+    return 0
   print(
     "| config | step | peak | top categories at the peak | largest compile s (dump / "
     "plain) | every compile s (dump / plain) | every profile s | / every compile (plain) |"
