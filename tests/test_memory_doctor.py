@@ -3,6 +3,7 @@ source line with layer counts, measured advice, the persistent compilation cache
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import donate
+from donate import _examples as examples
+from donate import _profile, targets
 from donate._profile.categories import CATEGORIES
+from donate._profile.flow import Flow
+from donate._xla import hlo as _hlo
 
 pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
 
@@ -371,6 +376,125 @@ def test_a_flax_nnx_step_with_optax_adam():
   assert ("params['l1']['kernel'].value", "out[0]['l1']['kernel'].value") in pairs
   assert ("opt[0].mu['l1']['kernel'].value", "out[1][0].mu['l1']['kernel'].value") in pairs
 
+
+
+def _stats(compiled):
+  s = compiled.memory_analysis()
+  return {"argument": s.argument_size_in_bytes, "output": s.output_size_in_bytes,
+          "alias": s.alias_size_in_bytes, "temp": s.temp_size_in_bytes}
+
+
+def test_a_flax_linen_step_with_optax_adam():
+  """A linen MLP's step (value_and_grad, Adam, parameters and optimizer state donated) under
+  jax.jit and donate.jit: at its peak, in the backward pass, the parameters, Adam's mu and nu,
+  a kernel's gradient waiting for its update and the layers' saved activations, each told apart;
+  the figures are the compiled program's memory_analysis()."""
+  nn = pytest.importorskip("flax.linen")
+  optax = pytest.importorskip("optax")
+
+  class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      for _ in range(3):
+        x = nn.gelu(nn.Dense(512)(x))  # linen: each layer's residual
+      return nn.Dense(256)(x)
+
+  model, x = MLP(), jnp.ones((256, 256))
+  params = model.init(jax.random.key(0), x)["params"]
+  tx = optax.adam(1e-3)
+
+  def step(params, opt, x):
+    loss, grads = jax.value_and_grad(lambda p: jnp.mean(model.apply({"params": p}, x) ** 2))(
+        params)
+    updates, opt = tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt, loss
+
+  args = (params, tx.init(params), x)
+  where = f"{THIS}:{_line('linen: each layer')}"
+  kernels = {a.nbytes for a in jax.tree.leaves(params) if a.ndim == 2}
+  for jitted in (jax.jit(step, donate_argnums=(0, 1)), donate.jit(step, donate_argnums=(0, 1))):
+    p = donate.memory_profile(jitted, *args)
+    _check_sums(p)
+    compiled = jitted.lower(*args).compile()
+    assert p.memory_analysis_figures() == _stats(compiled)
+    assert p.xla_peak_bytes == getattr(compiled.memory_analysis(), "peak_memory_in_bytes", None)
+    found = _categories(p)
+    assert all(c == "parameters" for k, c in found.items() if k.startswith("params")), found
+    assert all(c == "optimizer state" for k, c in found.items() if ".mu[" in k or ".nu[" in k)
+    assert found["opt[0].count"] == "state" and found["x"] == "inputs"
+    assert {"parameters", "optimizer state", "gradients", "activations"} <= {
+        g.key for g in p.by_category()}
+    grads = [e for e in p.at_peak if e.category == "gradients"]
+    assert grads and {e.bytes for e in grads} <= kernels  # a Dense kernel's gradient
+    [row] = [r for r in p.by_line() if r.source.endswith(where) and r.category == "activations"]
+    assert row.count >= 2  # several layers' residuals from the one line
+
+
+JOINED = """HloModule m
+
+%join (p0: f32[4,2], p1: f32[4,2]) -> f32[4,4] {
+  %p0 = f32[4,2]{1,0} parameter(0)
+  %p1 = f32[4,2]{1,0} parameter(1)
+  ROOT %c = f32[4,4]{1,0} concatenate(%p0, %p1), dimensions={1}, metadata={op_name="w['k']"}
+}
+
+ENTRY %main (q: f32[4,2], k: f32[4,2], x: f32[3,4]) -> f32[3,4] {
+  %q = f32[4,2]{1,0} parameter(0), metadata={op_name="w['q']"}
+  %k = f32[4,2]{1,0} parameter(1), metadata={op_name="w['k']"}
+  %x = f32[3,4]{1,0} parameter(2), metadata={op_name="x"}
+  %j = f32[4,4]{1,0} fusion(%q, %k), kind=kLoop, calls=%join, metadata={op_name="w['k']"}
+  %b = f32[4,4]{1,0} bitcast(%j)
+  ROOT %y = f32[3,4]{1,0} dot(%x, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/jvp()/dot_general"}
+}"""
+
+
+def test_weights_xla_joins_for_one_matmul_are_read_by_the_forward_pass():
+  """XLA:GPU concatenates the query, key and value weights into one kernel's operand (a fusion
+  named after a weight, outside any pass): the forward matmul that reads the join reads each."""
+  m = _hlo.parse_module(JOINED)
+  flow = Flow(m)
+  for name in ("q", "k"):
+    assert "forward" in flow.reader_phases(m.find(name)), name
+
+
+def _gpu_step(kind, devices):
+  """The transformer block's training step (shard_map over dp x tp: sequence-parallel
+  attention and MLP, the gradients summed over dp, clipping, momentum) on `devices` abstract
+  GPUs, 8 per host, tensor parallel within a host."""
+  mesh = targets.gpu_mesh(kind, devices, ("dp", "tp"), shape=(devices // 8, 8))
+  args = examples.block_abstract_args(mesh, batch=2 * (devices // 8), seq=64, d_model=128,
+                                      d_ff=512)
+  step = examples.block_train_step(mesh, annotate=False)
+  return jax.jit(step, donate_argnums=(0, 1)).lower(*args)
+
+
+@pytest.mark.skipif(not targets.available(), reason="needs the gpu-aot extra")
+@pytest.mark.parametrize("devices", [8, 64, 256])
+@pytest.mark.parametrize("kind", ["h100", "b200"])
+def test_a_data_and_tensor_parallel_step_compiled_ahead_of_time_for_gpus(kind, devices, tmp_path):
+  """Compiled for 8 to 256 H100s or B200s (nothing runs): each device's profile has XLA's
+  figures (memory_analysis() and the dump's allocations), its peak is XLA's up to the bytes
+  XLA's heap trace leaves out, its categories sum to it and fits() reads the device's memory."""
+  lowered = _gpu_step(kind, devices)
+  p = _profile.profile_of_lowered(lowered, {"xla_dump_to": str(tmp_path)})
+  compiled = lowered.compile()
+  stats = compiled.memory_analysis()
+  assert p.platform == "gpu"
+  _check_sums(p)
+  assert p.memory_analysis_figures() == _stats(compiled)
+  [dump] = tmp_path.glob("*after_optimizations-buffer-assignment.txt")
+  allocations = re.findall(r"^allocation \d+: size (\d+), (.*):$", dump.read_text(), re.M)
+  assert sum(int(n) for n, what in allocations if "preallocated-temp" in what) == p.temp_bytes
+  assert p.xla_peak_bytes == stats.peak_memory_in_bytes <= p.peak_bytes <= p.reserved_bytes
+  assert p.peak_bytes - stats.peak_memory_in_bytes < 1024, p.explain()  # 16 B on 64+ H100s
+  found = _categories(p)
+  assert all(c == "parameters" for k, c in found.items() if k.startswith("params")), found
+  assert all(c == "optimizer state" for k, c in found.items() if k.startswith("momentum"))
+  assert found["x"] == found["y"] == "inputs" and len(found) == 18
+  fit, capacity = p.fits(kind), targets.gpu_spec(kind).device_memory_bytes
+  assert fit and fit.capacity_bytes == capacity and fit.needed_bytes == p.reserved_bytes
+  assert fit.headroom_bytes == capacity - p.reserved_bytes
+  assert p.fits(p.reserved_bytes) and not p.fits(p.reserved_bytes - 1)
 
 def test_the_cli_runs_a_module(tmp_path):
   package = tmp_path / "pkg"

@@ -49,6 +49,8 @@ _MOVES = (
   "domain",
 )
 
+_JOINS = frozenset(_MOVES) | {"parameter", "concatenate"}
+
 
 def phase(scope: str | None) -> str:
   """ "backward" (`transpose(...)` in the name stack), "forward" (`jvp(...)`) or "other"."""
@@ -209,6 +211,8 @@ class Flow:
           todo.append((user, rest, depth + 1))
         elif user.opcode == "fusion":
           found |= _fused_phases(self, user, k) | {self.phase_of(user)}
+          if _joins_only(self, user):  # XLA:GPU's weights joined for one matmul: its readers
+            todo.append((user, (), depth + 1))
         else:
           found.add(self.phase_of(user))
           todo += [(p, rest, depth + 1) for p in _entered(self, user, k)]  # its readers inside
@@ -265,6 +269,15 @@ class Flow:
         return True
       todo += _sources(self, at, element, d)
     return False
+
+
+def _joins_only(flow: Flow, fusion: _hlo.Instruction) -> bool:
+  """Whether `fusion`'s kernel only joins its operands (a concatenate of them, as XLA:GPU
+  makes of the query, key and value weights for one matmul): its value is theirs, moved."""
+  comps = [flow.module.computations.get(name) for name in fusion.calls]
+  return bool(comps) and all(
+    c is not None and all(i.opcode in _JOINS for i in c.instructions) for c in comps
+  )
 
 
 def _fused_phases(flow: Flow, fusion: _hlo.Instruction, k: int) -> set[str]:
