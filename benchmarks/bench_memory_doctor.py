@@ -10,6 +10,14 @@ categories at the peak, and `advice()`: each candidate's measured peak and what 
 against one compile. One run each:
 
   python benchmarks/bench_memory_doctor.py [--layers 32 --devices 32 --seq 2048]
+
+With `--gpus 8,64,256` (the gpu-aot extra), only the table of programs compiled ahead of time for
+that many H100s and B200s: the transformer block's data and tensor parallel training step
+(`donate._examples.block_train_step`: shard_map over dp x tp, 8 GPUs per host and tp = 8, the
+gradients summed over dp, clipping, momentum; a tiny model, two sequences per dp rank), each
+compile against building its per-device profile from XLA's dump, the peak, whether it fits:
+
+  python benchmarks/bench_memory_doctor.py --gpus 8,64,256
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import jax  # noqa: E402
 import donate  # noqa: E402
 from benchmarks import bench_memory_llama as llama  # noqa: E402
 from benchmarks import bench_memory_profile as cpu  # noqa: E402
+from donate import _examples as examples  # noqa: E402
 from donate import targets  # noqa: E402
 from donate._base.text import format_bytes  # noqa: E402
 from donate._profile import (
@@ -79,11 +88,47 @@ def build_cost(jitted, inputs):
   return plain, spent, profile
 
 
+def gpu_step(kind: str, devices: int, d_model: int = 128, d_ff: int = 512):
+  """(jitted, abstract inputs) of the block's training step on `devices` GPUs `kind`."""
+  mesh = targets.gpu_mesh(kind, devices, ("dp", "tp"), shape=(devices // 8, 8))
+  inputs = examples.block_abstract_args(mesh, batch=2 * (devices // 8), seq=64, d_model=d_model,
+                                        d_ff=d_ff)
+  step = examples.block_train_step(mesh, annotate=False)
+  return jax.jit(step, donate_argnums=(0, 1)), inputs
+
+
+def _size(n: int) -> str:
+  return format_bytes(n) if n >= 1 << 30 else f"{n / 1024:.1f} KiB"
+
+
+def gpu_table(counts) -> int:
+  if not targets.available():
+    print('needs the gpu-aot extra: pip install "jax-donate[gpu-aot]"')
+    return 0
+  print(f"jax {jax.__version__}, one run each; bytes per device")
+  print("| GPUs | d_model, MLP | compile s | build profile s | build / compile | peak | allocated "
+        "| fits its GPU | top categories at the peak |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  runs = [(kind, n, 128, 512) for kind in targets.gpu_names()[::-1] for n in counts]
+  runs += [(kind, 8, 4096, 1 << 23) for kind in targets.gpu_names()]  # 32 GiB per matrix
+  for kind, n, d_model, d_ff in runs:
+    plain, build, profile = build_cost(*gpu_step(kind, n, d_model, d_ff))
+    top = ", ".join(f"{g.key} {_size(g.total_bytes)}" for g in profile.by_category()[:3])
+    fit = profile.fits(kind)
+    print(f"| {n} {kind.upper()} ({n // 8} x 8) | {d_model}, {d_ff} | {plain:.2f} | {build:.3f} | "
+          f"{build / plain:.1%} | {_size(profile.peak_bytes)} | {_size(profile.reserved_bytes)} "
+          f"| {'yes' if fit else 'no'}, headroom {format_bytes(fit.headroom_bytes)} | {top} |")
+  return 0
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   for flag, default in (("devices", 32), ("layers", 32), ("batch", 1), ("seq", 2048)):
     parser.add_argument(f"--{flag}", type=int, default=default)
+  parser.add_argument("--gpus", help="device counts, e.g. 8,64,256: the GPU table only")
   args = parser.parse_args(argv)
+  if args.gpus:
+    return gpu_table([int(n) for n in args.gpus.split(",")])
   print(f"jax {jax.__version__}, one run each")
   print("| program | compile s | build profile s | build / compile | peak | top categories "
         "at the peak |")
