@@ -110,7 +110,7 @@ def gpu_table(counts) -> int:
         "| fits its GPU | top categories at the peak |")
   print("|---|---|---|---|---|---|---|---|---|")
   runs = [(kind, n, 128, 512) for kind in targets.gpu_names()[::-1] for n in counts]
-  runs += [(kind, 8, 4096, 1 << 23) for kind in targets.gpu_names()]  # 32 GiB per matrix
+  runs += [(kind, 8, 4096, 1 << 23) for kind in targets.gpu_names()]  # 16 GiB per matrix, device
   for kind, n, d_model, d_ff in runs:
     plain, build, profile = build_cost(*gpu_step(kind, n, d_model, d_ff))
     top = ", ".join(f"{g.key} {_size(g.total_bytes)}" for g in profile.by_category()[:3])
