@@ -93,3 +93,33 @@ def test_a_pytree_class_that_checks_its_children_plans_and_runs(donate_argnums):
   np.testing.assert_array_equal(out.w, want.w)
   np.testing.assert_array_equal(y, want_y)
   assert layer.w.is_deleted() == bool(donate_argnums) and not x.is_deleted()
+
+
+class _Tagged:
+  """A pytree node with metadata that may not hash or compare plainly (a list, an array)."""
+
+  def __init__(self, x, tags):
+    self.x, self.tags = x, tags
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Tagged,
+    lambda n: (((jax.tree_util.GetAttrKey("x"), n.x),), n.tags),
+    lambda tags, children: _Tagged(children[0], tags),
+)
+
+
+def test_key_paths_are_read_once_per_structure_and_unhashable_metadata_still_works():
+  tree = {"a": [jnp.ones(2), jnp.ones(3)], "b": jnp.ones(1)}
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  first = _binding.key_paths(treedef, leaves)
+  assert first == ("['a'][0]", "['a'][1]", "['b']")
+  assert _binding.key_paths(treedef, leaves) is first  # kept by treedef
+  # Nodes whose metadata is a list or an array (not hashable, or ambiguous to compare): their
+  # paths are right, cached or not, and jax.jit and donate.jit return them alike.
+  for tags in (["t"], np.arange(3)):
+    leaves, treedef = jax.tree_util.tree_flatten(_Tagged(jnp.ones(4), tags))
+    assert _binding.key_paths(treedef, leaves) == (".x",) == _binding.key_paths(treedef, leaves)
+  f = lambda x: _Tagged(x * 2, ["out"])
+  ours, theirs = donate.jit(f, donate_argnums=0)(jnp.ones(4)), jax.jit(f)(jnp.ones(4))
+  assert ours.tags == theirs.tags == ["out"] and (ours.x == theirs.x).all()

@@ -115,9 +115,7 @@ class Binding:
     paths: list[str] = [""] * len(call.leaves)
     for name, start, stop, subtree in self._arguments(call):
       name = self.arg_name(name) if isinstance(name, int) else name
-      arg = tree_util.tree_unflatten(subtree, call.leaves[start:stop])
-      for k, (kp, _) in enumerate(tree_util.tree_flatten_with_path(arg)[0]):
-        paths[start + k] = name + "".join(map(str, kp))  # tree_util.keystr, without its overhead
+      paths[start:stop] = [name + k for k in key_paths(subtree, call.leaves[start:stop])]
     return paths
 
   def donated_leaves(self, call: Call) -> dict[int, Request]:
@@ -157,6 +155,28 @@ class Binding:
     new_kwargs = dict(kwargs)
     new_kwargs.update(dyn_kwargs)
     return tuple(new_args), new_kwargs
+
+
+_KEY_PATHS: dict[Any, tuple[str, ...]] = {}  # treedef -> its leaves' key paths, as text
+
+
+def key_paths(treedef, leaves) -> tuple[str, ...]:
+  """The key path of each leaf of `treedef` as text (`['w'][0]`), rebuilt from `leaves` (the
+  call's own values or avals, never stand-ins: a pytree class may check its children) the first
+  time a structure is met; key paths depend on the structure alone, so they are kept by treedef
+  (a wide pytree's paths cost milliseconds, and every signature of a step repeats them)."""
+  try:
+    found, cacheable = _KEY_PATHS.get(treedef), True
+  except (TypeError, ValueError):  # a node's metadata that cannot be hashed or compared
+    found, cacheable = None, False
+  if found is None:
+    flat = tree_util.tree_flatten_with_path(tree_util.tree_unflatten(treedef, leaves))[0]
+    found = tuple("".join(map(str, kp)) for kp, _ in flat)  # keystr, without its overhead
+    if cacheable:
+      if len(_KEY_PATHS) >= 256:  # a bound: a treedef keeps its nodes' metadata alive
+        _KEY_PATHS.clear()
+      _KEY_PATHS[treedef] = found
+  return found
 
 
 def leaf_infos(paths: list[str], leaves: list) -> list[_donation_plan.LeafInfo]:

@@ -1,5 +1,5 @@
 """How a planned signature runs: `jax.jit`'s own program, the gate's lowering with the plan's
-aliases, or a replay of a marked program (see `_signature`). Pure functions of the plan and the
+aliases, or a replay of a marked program (see `signature`). Pure functions of the plan and the
 facts it was made from."""
 
 from __future__ import annotations
@@ -11,20 +11,40 @@ from donate._plan import pairing as _pairing
 from donate._plan.decision_types import Kind, Request
 
 
-def is_native(options, plan, leaves, outputs, requested, flow, xla_decides: bool) -> bool:
+class FirstCome:
+  """`jax.jit`'s own first-come pairs for a plan's call, computed once for both checks (whether
+  the plan is `jax.jit`'s own, and whether it differs only in small buffers). Leaves and outputs
+  are the plan's own facts, keyed by memory kind as `jax.jit` keys donations."""
+
+  def __init__(self, options, plan, requested, flow):
+    self.options, self.plan, self.flow = options, plan, flow
+    self.leaves = [d.info for d in plan.decisions]
+    self.jax_donated = _jax_donated(options, requested, flow)
+    self.donates_more = not _consumed(plan) <= set(self.jax_donated)
+    self._pairs: tuple[dict[int, int], dict[int, int]] | None = None
+
+  def pairs(self) -> tuple[dict[int, int], dict[int, int]]:
+    """`(first come, planned)`: {leaf: output} of `jax.jit`'s pairing and of the plan."""
+    if self._pairs is None:
+      fcfs = _pairing.fcfs_pairs(self.leaves, self.plan.outputs, self.jax_donated)
+      self._pairs = fcfs, self.plan.pairs()
+    return self._pairs
+
+
+def is_native(first: FirstCome, xla_decides: bool) -> bool:
   """Whether `jax.jit`'s own lowering makes the plan: same donated leaves, same pairs."""
-  if any(a.kind != Request.INNER_JIT or options.adopt_inner for a in flow.annotations):
+  if any(a.kind != Request.INNER_JIT or first.options.adopt_inner for a in first.flow.annotations):
     return False
-  debug_nans = jax.config.jax_debug_nans  # type: ignore[attr-defined]  # set at run time
-  jax_donated = [] if debug_nans else _jax_donated(options, requested, flow)
-  if not _consumed(plan) <= set(jax_donated):
+  if jax.config.jax_debug_nans:  # type: ignore[attr-defined]  # set at run time
+    return not _consumed(first.plan)  # jax.jit donates nothing then
+  if first.donates_more:
     return False
-  fcfs = _pairing.fcfs_pairs(leaves, outputs, jax_donated)
-  planned = plan.pairs()
+  fcfs, planned = first.pairs()
   if xla_decides:
     # jax.jit offers every donated input to XLA as a donor and XLA pairs them first come, first
     # served after partitioning: jax.jit's own path makes the plan when its pairs agree with that.
     return all(fcfs.get(i) == j for i, j in planned.items())
+  leaves = first.leaves
   return {i: j for i, j in fcfs.items() if leaves[i].kind != Kind.HOST} == planned
 
 
@@ -42,15 +62,7 @@ def _consumed(plan) -> set[int]:
 
 
 def first_come_only(
-  options,
-  plan,
-  leaves,
-  requested,
-  flow,
-  has_layouts: bool,
-  n_consts: int,
-  replay: bool,
-  native: bool,
+  first: FirstCome, requested, has_layouts: bool, n_consts: int, replay: bool, native: bool
 ) -> str:
   """Why this call must pair first come, first served as `jax.jit` does (empty: it need not).
 
@@ -65,28 +77,24 @@ def first_come_only(
     return "custom layouts, which only jax.jit's own lowering handles"
   if replay and n_consts:
     return "constants hoisted into arguments, which only jax.jit's own lowering handles"
-  if any(leaves[i].kind == Kind.REF for i in requested):
+  if any(first.leaves[i].kind == Kind.REF for i in requested):
     return "jax.Refs in donate_argnums, which only jax.jit's own lowering handles"
-  differ = None if replay else _small_difference(plan, leaves, requested, flow, options)
+  differ = None if replay else _small_difference(first)
   if differ:
-    return (
-      f"it differs from jax.jit's only in buffers under copy_threshold "
-      f"({format_bytes(options.copy_threshold)})"
-    )
+    threshold = format_bytes(first.options.copy_threshold)
+    return f"it differs from jax.jit's only in buffers under copy_threshold ({threshold})"
   return "" if differ is None else SAME_PAIRS
 
 
-def _small_difference(plan, leaves, requested, flow, options) -> set[int] | None:
+def _small_difference(first: FirstCome) -> set[int] | None:
   """The leaves whose pairs differ from `jax.jit`'s first-come pairs when all of them are under
   `copy_threshold` bytes and the plan donates nothing `jax.jit` does not, else None."""
-  jax_donated = _jax_donated(options, requested, flow)
-  if not _consumed(plan) <= set(jax_donated):
+  if first.donates_more:
     return None
-  fcfs = _pairing.fcfs_pairs(leaves, plan.outputs, jax_donated)
-  planned = plan.pairs()
+  fcfs, planned = first.pairs()
   differ = {i for i, j in fcfs.items() if planned.get(i) != j}
   differ.update(i for i, j in planned.items() if fcfs.get(i) != j)
-  threshold = options.copy_threshold
+  threshold, leaves = first.options.copy_threshold, first.leaves
   small = all(isinstance(leaves[i].nbytes, int) and leaves[i].nbytes < threshold for i in differ)
   return differ if small else None
 

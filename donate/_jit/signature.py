@@ -345,14 +345,10 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
 def _route_of(facts: _Facts, plan, replay: bool) -> tuple[bool, str]:
   """`(native, why)`: whether the plan is jax.jit's own, and why only jax.jit's own lowering
   should run it (`route.first_come_only`; "" when the re-paired program is worth its bytes)."""
-  options, leaves = facts.fn.options, facts.leaves
-  native = not replay and _route.is_native(
-    options, plan, leaves, facts.outputs, facts.requested, facts.flow, facts.xla_decides
-  )
+  first = _route.FirstCome(facts.fn.options, plan, facts.requested, facts.flow)
+  native = not replay and _route.is_native(first, facts.xla_decides)
   n_consts = _compat.traced_num_consts(facts.traced)
-  why = _route.first_come_only(
-    options, plan, leaves, facts.requested, facts.flow, facts.has_layouts, n_consts, replay, native
-  )
+  why = _route.first_come_only(first, facts.requested, facts.has_layouts, n_consts, replay, native)
   return native, why
 
 
@@ -369,9 +365,8 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   ]
   # The output tree rebuilt from the traced avals (as JAX rebuilds it from tracers): a pytree
   # class that checks its children when built sees arrays, never stand-ins.
-  out_tree = tree_util.tree_unflatten(traced.out_tree, list(traced.jaxpr.out_avals))
-  flat = tree_util.tree_flatten_with_path(out_tree)[0]
-  out_paths = ["out" + "".join(map(str, kp)) for kp, _ in flat]
+  out_avals = list(traced.jaxpr.out_avals)
+  out_paths = ["out" + k for k in _binding.key_paths(traced.out_tree, out_avals)]
   # (shape, dtype) -> the output's facts, read once per call
   facts: dict[tuple, tuple[tuple[int, ...], str, int]] = {}
   outputs = []
