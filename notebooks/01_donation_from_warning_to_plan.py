@@ -83,7 +83,7 @@ with warnings.catch_warnings(record=True) as plan_warnings:  # shown in the next
     warnings.simplefilter("always")
     plan = g.plan(params, opt_state, batch)
 assert sum(d.action == "aliased" for d in plan.decisions) == 5 and len(plan.unusable) == 2
-assert (plan.bytes_requested, plan.bytes_reused) == (172_164, 32_900)  # 168.1 KiB, 32.1 KiB
+assert (plan.requested_bytes, plan.reused_bytes) == (172_164, 32_900)  # 168.1 KiB, 32.1 KiB
 plan
 
 # %% [markdown]

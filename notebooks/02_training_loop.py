@@ -111,7 +111,7 @@ plans = {
     "donate.jit\ndonate_buffer in body":
         donate.jit(train_step_annotated).plan(params, acc, batches),
 }
-peaks.update({name: plan.memory.peak for name, plan in plans.items()})
+peaks.update({name: plan.memory.peak_bytes for name, plan in plans.items()})
 floor = 3 * param_bytes + batch_bytes  # parameters + accumulators + one micro-batch gradient + data
 
 for name, peak in peaks.items():
@@ -304,7 +304,7 @@ same = bool(jnp.allclose(out_copy[1], out_fixed[1])) and bool(jnp.allclose(out_c
 rows = []
 for name, compiled in COMPILED.items():
   per_call(compiled, 1)  # warm up
-  copied = sum(r.bytes_per_call or 0 for r in REPORTS[name])
+  copied = sum(r.per_call_bytes or 0 for r in REPORTS[name])
   rows.append((name, len(REPORTS[name]), copied / 2**20,
                compiled.memory_analysis().temp_size_in_bytes / 2**20, per_call(compiled) * 1e3))
 print(f"same results: {same}")

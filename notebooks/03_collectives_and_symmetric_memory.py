@@ -223,11 +223,11 @@ print("compiled:", re.search(r"input_output_alias=\{ .*? \}", compiled_text).gro
 # %%
 memory_plan = planner.plan_memory(block_fn, x, w)
 (pool,) = memory_plan.pools
-print(f"{pool.name}: {pool.size} bytes for {len(pool.allocations)} comm buffers "
-      f"({sum(a.size for a in pool.allocations)} bytes unpacked), lower bound {pool.lower_bound}")
+print(f"{pool.name}: {pool.nbytes} bytes for {len(pool.allocations)} comm buffers "
+      f"({sum(a.nbytes for a in pool.allocations)} bytes unpacked), lower bound {pool.lower_bound_bytes}")
 for a in pool.allocations:
-    print(f"  {a.name:6s} offset {a.offset:5d}  {a.size} B  live {a.live_range}  {a.buffer.producer}")
-assert pool.size == pool.lower_bound == 4096
+    print(f"  {a.name:6s} offset {a.offset:5d}  {a.nbytes} B  live {a.live_range}  {a.buffer.producer}")
+assert pool.nbytes == pool.lower_bound_bytes == 4096
 
 # %% [markdown]
 # The four 2 KiB buffers fit in a 4096-byte pool (its lower bound is 4096), not the 8192 bytes the plan
@@ -434,5 +434,5 @@ if GPU_AOT:
     plan = compiled.plan
     print(plan.placements)
     print(f"aliased: {sum(d.action == 'aliased' for d in plan.decisions)} of {len(plan.decisions)} "
-          f"input leaves, {plan.bytes_reused / 2**20:.1f} MiB of global arrays reused, "
-          f"{plan.memory.alias / 2**20:.1f} MiB aliased per device")
+          f"input leaves, {plan.reused_bytes / 2**20:.1f} MiB of global arrays reused, "
+          f"{plan.memory.alias_bytes / 2**20:.1f} MiB aliased per device")

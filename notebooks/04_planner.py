@@ -56,14 +56,14 @@ seed = jax.shard_map(seed_body, mesh=mesh, in_specs=P(), out_specs=P())
 x_spec = jax.ShapeDtypeStruct((4, 4), jnp.float32)
 plan = planner.plan_memory(seed, x_spec, alignment=64)  # traces only; nothing runs
 (pool,) = plan.pools
-print(f"{pool.name}: kind={pool.kind!r} group={pool.group} size {pool.size} bytes, "
-      f"lower bound {pool.lower_bound}")
+print(f"{pool.name}: kind={pool.kind!r} group={pool.group} size {pool.nbytes} bytes, "
+      f"lower bound {pool.lower_bound_bytes}")
 for a in pool.allocations:
-    print(f"  {a.name:5s} offset {a.offset:4d}  {a.size} bytes  live {a.live_range}")
-print(f"collective memory {plan.collective_memory_bytes} bytes, regular {plan.arena.size} bytes, "
+    print(f"  {a.name:5s} offset {a.offset:4d}  {a.nbytes} bytes  live {a.live_range}")
+print(f"collective memory {plan.collective_memory_bytes} bytes, regular {plan.arena.nbytes} bytes, "
       f"total {plan.total_bytes} bytes")
 offsets = pool.offsets
-assert (pool.size, pool.lower_bound, plan.arena.size) == (192, 192, 256)
+assert (pool.nbytes, pool.lower_bound_bytes, plan.arena.nbytes) == (192, 192, 256)
 assert [offsets[n] for n in ("buf1", "buf2", "buf3", "buf8")] == [0, 64, 128, 0]
 
 # %% [markdown]

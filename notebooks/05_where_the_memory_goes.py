@@ -207,7 +207,7 @@ advice = before.could_donate
 assert (advice[0].path, advice[0].keyword) == ("cache", "donate_argnums=0")
 after = donate.memory_profile(jax.jit(decode, donate_argnums=0), cache, w, h)
 saved = before.peak_bytes - after.peak_bytes
-assert saved == advice[0].bytes, (saved, advice[0].bytes)
+assert saved == advice[0].nbytes, (saved, advice[0].nbytes)
 for s in advice:
     print(s)
 print(before.compare(after))
@@ -234,11 +234,11 @@ def f(x):
 
 x = jnp.ones(1 << 20)  # 4 MiB
 plan = donate.jit(f, donate_argnums=0).plan(x)
-temporary = [e for e in plan.profile.at_peak if e.kind == "temporary" and e.bytes == x.nbytes]
+temporary = [e for e in plan.profile.at_peak if e.kind == "temporary" and e.nbytes == x.nbytes]
 assert ("temporary of exp" in plan.decisions[0].reason) == bool(temporary)
 assert plan.profile.donation_saved_bytes == x.nbytes  # measured: compiled without the donation
 print(plan)
-print("the temporary at the peak:", [(e.bytes, e.scope) for e in temporary] or "none on this jaxlib")
+print("the temporary at the peak:", [(e.nbytes, e.scope) for e in temporary] or "none on this jaxlib")
 
 # %% [markdown]
 # The donation saves `x`'s 4 MiB at the peak on every jaxlib (the cell checks it): without it the
