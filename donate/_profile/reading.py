@@ -28,13 +28,9 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import re
 
 from donate._xla import hlo as _hlo
 from donate._xla import hlo_dump as _hlo_dump
-
-_PARAMETER = re.compile(r"(?:^|, )parameter (\d+)")
-_SEQUENCE = re.compile(r"\s+(\d+):(\S+)\s*$")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,19 +73,7 @@ class Buffer:
     return max(live, key=lambda v: v[1])[0] if live else self.values[0][0]
 
 
-def parse_sequence(text: str) -> tuple[str, ...]:
-  """The `InstructionSequence:` of a `*live-range.txt` dump: the instruction at each step.
-
-  >>> parse_sequence('''HloLiveRange (max 2):
-  ...   InstructionSequence:
-  ...     0:x.1
-  ...     1:exp
-  ...   BufferLiveRange:''')
-  ('x.1', 'exp')
-  """
-  return tuple(
-    m.group(2) for m in _hlo_dump.section_matches(text, "InstructionSequence:", _SEQUENCE)
-  )
+parse_sequence = _hlo_dump.parse_sequence  # the dump's schedule, read by `hlo_dump`
 
 
 def dump_files(folder: str, module_name: str | None = None) -> tuple[str, str]:
@@ -131,8 +115,7 @@ def read_files(assignment: str, ranges_file: str) -> Dump:
 
 
 def parameter_number(allocation: _hlo_dump.XlaAllocation) -> int | None:
-  found = _PARAMETER.search(allocation.kind)
-  return int(found.group(1)) if found else None
+  return allocation.parameter_number
 
 
 def is_output(allocation: _hlo_dump.XlaAllocation) -> bool:

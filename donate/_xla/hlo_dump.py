@@ -30,6 +30,8 @@ import re
 _ALLOCATION = re.compile(r"allocation (\d+): size (\d+)(.*):\s*$")
 _VALUE = re.compile(r" value: <\d+ (\S+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)")
 _RANGE = re.compile(r"\s+(\S+):(\d+)-(\d+)\s*$")
+_SEQUENCE = re.compile(r"\s+(\d+):(\S+)\s*$")
+_PARAMETER = re.compile(r"(?:^|, )parameter (\d+)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,6 +53,12 @@ class XlaAllocation:
   def size(self) -> int:
     """The old name of `nbytes` (XLA's word)."""
     return self.nbytes
+
+  @property
+  def parameter_number(self) -> int | None:
+    """The entry parameter this allocation holds (`parameter N` in its header), else None."""
+    found = _PARAMETER.search(self.kind)
+    return int(found.group(1)) if found else None
 
 
 def dump_options(directory: str) -> dict:
@@ -105,6 +113,19 @@ def parse_live_ranges(text: str) -> dict[str, tuple[int, int]]:
     m.group(1): (int(m.group(2)), int(m.group(3)))
     for m in section_matches(text, "BufferLiveRange:", _RANGE)
   }
+
+
+def parse_sequence(text: str) -> tuple[str, ...]:
+  """The `InstructionSequence:` of a `*live-range.txt` dump: the instruction at each step.
+
+  >>> parse_sequence('''HloLiveRange (max 2):
+  ...   InstructionSequence:
+  ...     0:x.1
+  ...     1:exp
+  ...   BufferLiveRange:''')
+  ('x.1', 'exp')
+  """
+  return tuple(m.group(2) for m in section_matches(text, "InstructionSequence:", _SEQUENCE))
 
 
 def section_matches(text: str, header: str, pattern: re.Pattern):
