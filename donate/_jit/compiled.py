@@ -134,18 +134,13 @@ def lower_donating(prep, call):
   or replayed): a function of positional argnums lowering the same trace (the gate's, or the
   replay's) with those arguments' leaves donated too, as `jax.jit` donates them; None when the
   call's leaves are not at hand."""
-  if call is None or (not prep.native and any(x is None for x in call.leaves)):
+  if not prep.can_trace(call):
     return None
 
   def lower(argnums: tuple[int, ...]):
     of = _argument_leaves(call)
     leaves = {k for n in argnums for k in of.get(n, ())}
-    if prep.native:
-      traced = prep.traced
-    else:
-      with prep.fn.gate:
-        traced = prep.inner.jitted.trace(*call.leaves)
-    return _compat.traced_with_donation(traced, leaves).lower()
+    return _compat.traced_with_donation(prep.traced_for(call), leaves).lower()
 
   return lower
 

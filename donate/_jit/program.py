@@ -141,7 +141,7 @@ def _lower_peak_of_two(ours: Program, with_copies: bool) -> Program:
   first-come program is compiled too and the one with the lower peak kept (once per
   signature); the plan says which, and why."""
   prep, plan = ours.prep, ours.plan
-  copies = plan.copies if plan.copies is not None else ours.copies(prep.fn.options.copy_threshold)
+  copies = ours.copies(prep.fn.options.copy_threshold)  # the plan's own, when read already
   consumed = {d.path for d in plan.decisions if d.consumed}
   copied = sorted({c.input_path for c in copies if c.input_path in consumed})
   if not copied or prep.first_come is None:

@@ -67,7 +67,7 @@ class Function:
 class Inner:
   """The replay of one signature's marked program: a `jax.jit` over the flat leaves."""
 
-  jitted: Callable
+  jitted: Any  # a jax.jit function (called, traced, its cache cleared)
   out_tree: Any  # results come in the user's order
 
   def outputs(self, flat) -> Any:
@@ -120,17 +120,28 @@ class Prepared:
     assert self.first_come is not None, "only a re-paired signature has a first-come twin"
     return dataclasses.replace(self, plan=self.first_come(why), realiased=False, first_come=None)
 
+  def can_trace(self, call: _binding.Call | None) -> bool:
+    """Whether `call` lets this signature be traced again: a replay needs the call's leaves, not
+    only its structure (`Prepared.call` keeps none)."""
+    return call is not None and (self.native or all(x is not None for x in call.leaves))
+
+  def traced_for(self, call: _binding.Call):
+    """The jax.stages.Traced this signature lowers: the gate's, or the replay's for the call's
+    leaves (traced under the gate; see `can_trace`)."""
+    if self.native:
+      return self.traced
+    assert self.inner is not None  # not native: replayed
+    with self.fn.gate:
+      traced = self.inner.jitted.trace(*call.leaves)
+    remember_donate_jit(traced.jaxpr)
+    return traced
+
   def lower(self, call: _binding.Call, lower_kwargs: dict | None = None, warn: bool = True):
     """A new jax.stages.Lowered of this signature (`lower_kwargs`: JAX's lowering keywords, as
     `jax.export` passes them); warns (`warn`; or raises) for unusable donations."""
 
     def lower():
-      if self.native:
-        traced = self.traced
-      else:
-        assert self.inner is not None  # not native: replayed
-        traced = self.inner.jitted.trace(*call.leaves)
-        remember_donate_jit(traced.jaxpr)
+      traced = self.traced_for(call)
       lowered = traced.lower(**(lower_kwargs or {}))
       if self.jax_own:
         return lowered
@@ -141,17 +152,11 @@ class Prepared:
   def lower_without_donation(self, call: _binding.Call | None):
     """For the memory profile's saving: a thunk lowering this signature with no donated input
     (None when it donates nothing), or None when the call's leaves are not at hand."""
-    if call is None or (not self.native and any(x is None for x in call.leaves)):
+    if not self.can_trace(call):
       return None
 
     def lower():
-      if self.native:
-        traced = self.traced
-      else:
-        assert self.inner is not None
-        with self.fn.gate:
-          traced = self.inner.jitted.trace(*call.leaves)
-      twin = _compat.traced_without_donation(traced)
+      twin = _compat.traced_without_donation(self.traced_for(call))
       return None if twin is None else twin.lower()
 
     return lower

@@ -182,16 +182,17 @@ class Lowered(_Stage):
     """Compiles; the returned `Compiled.plan` has the aliases XLA really made."""
     if self._jax_native:
       compiled = self._jax.compile(compiler_options, device_assignment=device_assignment)
-      paths = _compiled.parameters(self._prep, self._jax).paths
-      program = Program(self._prep, self._jax, compiled, self._prep.plan, paths)
-      return Compiled(program, self._call, compiler_options, jax_native=True)
+      return Compiled(self._as_program(compiled), self._call, compiler_options, jax_native=True)
     program = self._signature.compile(self._call, compiler_options, device_assignment)
     return Compiled(program, self._call, compiler_options)
 
   def __donate_program__(self) -> _profile.Source:
+    return _compiled.source_of(self._as_program(), call=self._call)
+
+  def _as_program(self, compiled=None) -> Program:
+    """This lowering with the plan as planned (`compiled`: its executable, when compiled)."""
     paths = _compiled.parameters(self._prep, self._jax).paths
-    program = Program(self._prep, self._jax, None, self._prep.plan, paths)
-    return _compiled.source_of(program, call=self._call)
+    return Program(self._prep, self._jax, compiled, self._prep.plan, paths)
 
 
 class Compiled(_Stage):
