@@ -1,10 +1,20 @@
-"""The donated, sharded step run by `_multiprocess_worker.py` and, for reference, in one process."""
+"""The donated, sharded step run by `_multiprocess_worker.py` and, for reference, in one process;
+`join`, how every two-process worker joins its job."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 N = 16
+
+
+def join(process_id: int, port: int) -> None:
+  """Joins a two-process JAX job on 127.0.0.1:`port`: two CPU devices per process, gloo
+  collectives (configured before anything touches JAX's devices)."""
+  jax.config.update("jax_num_cpu_devices", 2)
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
+                             process_id=process_id, initialization_timeout=60)
 
 
 def initial():

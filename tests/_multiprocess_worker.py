@@ -11,11 +11,9 @@ import sys
 
 def main(process_id: int, port: int) -> None:
   import jax  # noqa: PLC0415 - configured before anything else touches JAX
+  from _multiprocess_step import join  # noqa: PLC0415
 
-  jax.config.update("jax_num_cpu_devices", 2)
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
-                             process_id=process_id, initialization_timeout=60)
+  join(process_id, port)
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
   from _multiprocess_step import N, initial, make_step  # noqa: PLC0415
