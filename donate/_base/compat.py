@@ -191,6 +191,13 @@ def lowered_closed_over_refs(jax_lowered) -> int:
   return len(mut.in_mut) if mut is not None else 0
 
 
+def compiled_call(jax_compiled) -> Any:
+  """What a called `jax.stages.Compiled` calls: `Compiled.__call__` is a Python frame around the
+  dispatch it made on its first call (JAX's C++ one when the executable has one). The Compiled
+  itself before its first call."""
+  return getattr(jax_compiled, "_call", None) or jax_compiled
+
+
 def compiled_output_shardings(jax_compiled, n_outputs: int) -> list:
   """The flat shardings of a `jax.stages.Compiled`'s first `n_outputs` results (the user's).
 
@@ -202,11 +209,45 @@ def compiled_output_shardings(jax_compiled, n_outputs: int) -> list:
 
 # `jax.export` reads the module of `Lowered._lowering` (a `pxla.MeshComputation`, checked by type)
 # and keeps the user's argument and result order, so donate's pairs (when they are not `jax.jit`'s
-# first come, first served) go onto `main`'s argument attributes of a copy of that module. Parsing
-# a module needs JAX's MLIR context (its dialects registered); no public API gives one.
+# first come, first served) go onto `main`'s argument attributes of that module, lowered for the
+# plan alone (`lowering_parameters_for`). Reading and writing a module needs JAX's MLIR context
+# (its dialects registered); no public API gives one.
 from jax._src.interpreters import mlir as _mlir
 
 _ALIAS, _DONOR = "tf.aliasing_output", "jax.buffer_donor"
+_OURS = (_ALIAS, _DONOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlanKey:
+  """A lowering rule that never runs: it makes `mlir.LoweringParameters` (part of the key of
+  JAX's lowering caches, `pjit._pjit_lower` and `pxla._cached_lowering_to_hlo`) name one alias
+  plan, for a primitive no jaxpr holds."""
+
+  key: tuple
+
+  def __call__(self, *args, **kwargs):  # pragma: no cover - its primitive is never bound
+    raise AssertionError("donate's alias-plan key is not a lowering rule")
+
+
+_PLAN_PRIMITIVE = jex.core.Primitive("donate_alias_plan")  # never bound: names a cache entry
+
+
+def lowering_parameters_for(parameters, key: tuple):
+  """JAX's lowering parameters (`Traced.lower(_private_parameters=...)`, those given or the
+  default) whose cache entries belong to the alias plan `key` alone.
+
+  A re-paired signature lowers the gate's trace and then sets its plan's aliases on the module
+  (`lowered_with_aliases`). Lowered with JAX's own parameters, that module and its compiled
+  executable are the ones JAX's caches hand every other lowering of the same trace (`jax.jit`'s
+  first-come program of it, another plan of it): they would have to be copied before being
+  changed. Under parameters keyed by the plan, the module is the plan's own and is changed in
+  place; a second lowering of the same plan finds it (and its executable) ready, as `jax.jit`'s
+  second lowering does. No public API lowers with other aliases or without JAX's caches.
+  """
+  parameters = parameters if parameters is not None else _mlir.LoweringParameters()
+  rules = tuple(parameters.override_lowering_rules or ()) + ((_PLAN_PRIMITIVE, _PlanKey(key)),)
+  return dataclasses.replace(parameters, override_lowering_rules=rules)
 
 
 def lowered_with_aliases(
@@ -217,15 +258,16 @@ def lowered_with_aliases(
   donors: set[int],
   pinned: Container[int] = frozenset(),
 ):
-  """A copy of a `jax.stages.Lowered` in which each argument leaf of `managed` is aliased to
-  user output `aliases[i]`, or offered as a buffer donor when in `donors`, or neither.
+  """`jax_lowered`, lowered under `lowering_parameters_for` (its module is the plan's own),
+  changed so that each argument leaf of `managed` is aliased to user output `aliases[i]`, or
+  offered as a buffer donor when in `donors`, or neither.
 
   `n_traced` traced constants precede the argument leaves in the lowering's kept inputs, which
   end `main`'s arguments but for the refs the function closes over (dimension variables, effect
   tokens and constants come first); effect tokens come first among its results. An output aliased
   to a leaf of `pinned` whose sharding the module leaves to propagation gets the leaf's sharding
   attribute (an alias needs both sides sharded alike; `jax.jit` states it by `out_shardings`).
-  Returns the lowered itself when its module already says exactly that.
+  A module that already says exactly that (the plan lowered before) is left as it is.
   """
   lowering = jax_lowered._lowering
   kept = sorted(lowering.compile_args["kept_var_idx"])
@@ -244,37 +286,37 @@ def lowered_with_aliases(
       results = list(ir.ArrayAttr(main.attributes["res_attrs"]))
     changed = False
     first = n_args - len(kept)
+    i32 = ir.IntegerType.get_signless(32)
     for k, i in enumerate(kept):
       leaf = i - n_traced
       if leaf not in managed:
         continue
       attrs = ir.DictAttr(args[first + k])
-      if "jax.global_constant" in attrs:
+      has = (_ALIAS in attrs, _DONOR in attrs)
+      others = len(attrs) > sum(has)  # a wide pytree's arguments mostly have no others
+      if others and "jax.global_constant" in attrs:
         continue
       target = tokens + aliases[leaf] if leaf in aliases else None
       want = (target, leaf in donors)
-      have = (ir.IntegerAttr(attrs[_ALIAS]).value if _ALIAS in attrs else None, _DONOR in attrs)
-      if want != have:
+      if want != (ir.IntegerAttr(attrs[_ALIAS]).value if has[0] else None, has[1]):
         changed = True
-        args[first + k] = _with_alias(ir, attrs, *want)
+        new = {n: v for n, v in _as_dict(attrs).items() if n not in _OURS} if others else {}
+        if target is not None:
+          new[_ALIAS] = ir.IntegerAttr.get(i32, target)
+        elif want[1]:
+          new[_DONOR] = ir.BoolAttr.get(True)
+        args[first + k] = ir.DictAttr.get(new)
       if target is not None and leaf in pinned and results is not None and target < len(results):
         out = ir.DictAttr(results[target])
         given = [n for n in _SHARDING_ATTRS if n in attrs]
         if given and not any(n in out for n in _SHARDING_ATTRS):
           results[target] = ir.DictAttr.get({**_as_dict(out), given[0]: attrs[given[0]]})
           changed = True
-    if not changed:
-      return jax_lowered
-    module = _copy_module(ir, original)  # the lowering's module is JAX's, maybe cached: untouched
-    copy_main: Any = ir.SymbolTable(module.operation)["main"]
-    copy_main.attributes["arg_attrs"] = ir.ArrayAttr.get(args)
-    if results is not None:
-      copy_main.attributes["res_attrs"] = ir.ArrayAttr.get(results)
-  copied = copy.copy(lowering)
-  copied._hlo, copied._executable = module, None
-  lowered = copy.copy(jax_lowered)
-  lowered._lowering = copied
-  return lowered
+    if changed:
+      main.attributes["arg_attrs"] = ir.ArrayAttr.get(args)
+      if results is not None:
+        main.attributes["res_attrs"] = ir.ArrayAttr.get(results)
+  return jax_lowered
 
 
 def _leading_tokens(lowering, main) -> int:
@@ -294,33 +336,6 @@ def _as_dict(attrs) -> dict[str, Any]:
   its NamedAttributes) costs about ten times as much, 60 ms for 10,000 arguments."""
   names = [attrs[k].name for k in range(len(attrs))]
   return {name: attrs[name] for name in names}
-
-
-def _with_alias(ir, attrs, output: int | None, donor: bool):
-  """An argument's attributes with `tf.aliasing_output = output`, or `jax.buffer_donor` when
-  `donor`, or neither. Others are kept; an argument with none (a wide pytree's common case)
-  gets its new ones without reading its old ones."""
-  new: dict[str, Any] = {}
-  if len(attrs) > (_ALIAS in attrs) + (_DONOR in attrs):
-    new = {k: v for k, v in _as_dict(attrs).items() if k not in (_ALIAS, _DONOR)}
-  if output is not None:
-    new[_ALIAS] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), output)
-  elif donor:
-    new[_DONOR] = ir.BoolAttr.get(True)
-  return ir.DictAttr.get(new)
-
-
-def _copy_module(ir, module):
-  """A copy of an MLIR module in its own context: its attributes and its operations, cloned
-  (about four times faster than a bytecode round trip)."""
-  copy_ = ir.Module.create()
-  attributes = module.operation.attributes
-  for k in range(len(attributes)):
-    copy_.operation.attributes[attributes[k].name] = attributes[k].attr
-  at = ir.InsertionPoint(copy_.body)
-  for op in module.body.operations:
-    op.clone(at)
-  return copy_
 
 
 _SHARDING_ATTRS = ("sdy.sharding", "mhlo.sharding")  # Shardy's, and GSPMD's

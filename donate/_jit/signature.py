@@ -142,10 +142,19 @@ class Prepared:
 
     def lower():
       traced = self.traced_for(call)
-      lowered = traced.lower(**(lower_kwargs or {}))
       if self.jax_own:
-        return lowered
-      return self.with_plan_aliases(lowered, _compat.traced_num_consts(traced))
+        return traced.lower(**(lower_kwargs or {}))
+      # Lowered under parameters of this plan's own: the module is changed in place, never the
+      # one JAX's caches give jax.jit's first-come lowering of the same trace.
+      managed, pairs, donors, pinned = aliases = self._alias_plan()
+      kwargs = dict(lower_kwargs or {})
+      key = tuple(tuple(sorted(x.items() if isinstance(x, dict) else x)) for x in aliases)
+      kwargs["_private_parameters"] = _compat.lowering_parameters_for(
+        kwargs.get("_private_parameters"), key
+      )
+      lowered = traced.lower(**kwargs)
+      n_traced = _compat.traced_num_consts(traced)
+      return _compat.lowered_with_aliases(lowered, n_traced, managed, pairs, donors, pinned)
 
     return self.checked_lowering(lower, warn=warn)
 
@@ -161,9 +170,9 @@ class Prepared:
 
     return lower
 
-  def with_plan_aliases(self, jax_lowered, n_traced: int):
-    """`jax_lowered` (the gate's lowering, the inner replay's, or one for `jax.export`) whose
-    `main` aliases and donates exactly what the plan says, results in the user's order.
+  def _alias_plan(self) -> tuple[set[int], dict[int, int], set[int], set[int]]:
+    """`(managed, pairs, donors, pinned)`: what the lowering's `main` must say, argument leaf by
+    leaf (`_compat.lowered_with_aliases`).
 
     The leaves the plan decides are set; others (host values, refs) keep what `jax.jit`'s
     lowering gave them. An output that reuses a buffer over several devices is given that
@@ -175,7 +184,7 @@ class Prepared:
     pairs = plan.pairs()
     sh = self.in_shardings
     pinned = {i for i in pairs if sh[i] is not None and _route.num_devices(sh[i]) > 1}
-    return _compat.lowered_with_aliases(jax_lowered, n_traced, managed, pairs, donors, pinned)
+    return managed, pairs, donors, pinned
 
   def checked_lowering(self, lower: Callable[[], Any], warn: bool = True):
     """`lower()` under the gate, JAX's own unusable-donation warning silenced; before it, an
@@ -387,13 +396,13 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   return leaves, outputs, in_sh, out_sh, has_layouts
 
 
-# The actions of the leaves whose parameter attributes the plan sets (`with_plan_aliases`).
+# The actions of the leaves whose parameter attributes the plan sets (`Prepared._alias_plan`).
 _PLANNED = (Action.ALIASED, Action.DONOR, Action.UNUSABLE, Action.UNUSED)
 
 
 def _inner(fn: Function, closed, plan, traced, leaves, in_sh, out_sh, gpu_options) -> Inner:
   """The replay of the (marked) traced jaxpr over the flat leaves, results in the user's order;
-  its lowering gets the plan's aliases (`Prepared.with_plan_aliases`)."""
+  its lowering gets the plan's aliases (`Prepared.lower`)."""
   out_sh = _route.pinned_out_shardings(plan, leaves, out_sh)
   gate, jaxpr, consts = fn.gate, closed.jaxpr, closed.consts
 

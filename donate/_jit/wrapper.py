@@ -130,7 +130,7 @@ class JitWrapped:
       self._fast[call.key] = program
       self._native_only = all(p.prep.jax_own for p in self._fast.values())
       only = len(self._fast) == 1 and program.prep.realiased and not self._fn.binding.has_static
-      self._single = program.compiled if only else None
+      self._single = _compat.compiled_call(program.compiled) if only else None
     return out
 
   def _nested(self, args, kwargs):

@@ -14,7 +14,7 @@ decides, for every input leaf, whether it is donated and which output reuses its
 4. predict what `jax.jit` does with the rest: a donor when an unpaired output has as many elements,
    otherwise unusable;
 5. list the leaves the program donates (`Layout`); the lowering sets exactly these pairs and
-   donors on the module (`signature.Prepared.with_plan_aliases`), arguments and results in the
+   donors on the module (`signature.Prepared.lower`), arguments and results in the
    user's order.
 
 After compiling, `DonationPlan.realize` folds in the aliases XLA really made and the compiled
