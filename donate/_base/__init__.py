@@ -2,6 +2,6 @@
 
 `compat` (the only module that imports jax._src or decodes a JAX-version-specific layout),
 `errors` (every exception and warning class, one message shape), `primitives` (the one table of
-primitive facts; donate_buffer_p, alias_p), `jaxprs` (jaxpr plumbing) and `text` (how sizes,
-shapes and shardings are written).
+primitive facts; donate_buffer_p, alias_p), `jaxprs` (jaxpr plumbing), `text` (how sizes,
+shapes and shardings are written) and `records` (frozen records built fast).
 """

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from donate._base import errors as _errors
+from donate._base.records import fast_init
 from donate._base.text import format_bytes, is_symbolic, shape_text, sharding_str
 from donate._plan import memory_stats as _memory_stats
 from donate._plan.decision_types import Action, Cause, Kind, Request
@@ -37,6 +38,7 @@ DEVICE, ABSTRACT, HOST = Kind.DEVICE, Kind.ABSTRACT, Kind.HOST
 _WIDTH = 100  # the plan's text fits in this many columns
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class LeafInfo:
   """Static facts about one input leaf.
@@ -69,6 +71,7 @@ class LeafInfo:
     return self.kind in (DEVICE, ABSTRACT)
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class OutputInfo:
   """Static facts about one output leaf (`sharding_obj` when `out_shardings` fixes it)."""
@@ -81,6 +84,7 @@ class OutputInfo:
   group_kind: str | None = None  # the memory kind jax.jit pairs by (see _pairing.grouped)
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class LeafDecision:
   """What happens to one input leaf.
