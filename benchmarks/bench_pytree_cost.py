@@ -7,7 +7,7 @@ first come, first served gives: `jax.jit`'s own program runs); on the "re-paired
 computed from input N-1-k, so donate pairs every leaf otherwise than `jax.jit` (with
 `copy_threshold=0`: these 256-byte leaves are under the default 64 KiB) and runs the gate's own
 lowering with its aliases set. The cached call times a loop of calls that feed each call's result
-to the next (median ratio of paired runs). Every sample builds fresh functions (no cache helps either side)
+to the next (1000 calls up to 100 leaves, 200 above). Every sample builds fresh functions (no cache helps either side)
 and runs one of each back to back, `jax.jit` first ("in order") or donate.jit first
 ("swapped"); the table gives the median ratio over the pairs. Each sample starts after
 `gc.collect()`, so a full collection that the previous sample's garbage made due (about 50 ms at
@@ -59,7 +59,10 @@ def _params(n: int) -> dict:
   return {f"w{i:05d}": jnp.full((64,), float(i)) for i in range(n)}
 
 
-CACHED_CALLS = 200
+def _cached_calls(n: int) -> int:
+  """Calls timed per cached-call sample: 1000 up to 100 leaves (a call is 30-160 us there, and
+  200 of them, 6 ms, swing by several percent from one sample to the next), else 200."""
+  return 1000 if n <= 100 else 200
 
 
 def _once(jit, n: int, what: str, shift: float, path: str) -> float:
@@ -77,10 +80,10 @@ def _once(jit, n: int, what: str, shift: float, path: str) -> float:
   elif what == "first call":
     jax.block_until_ready(g(params))
   else:
-    for _ in range(CACHED_CALLS):
+    for _ in range(_cached_calls(n)):
       params = g(params)
     jax.block_until_ready(params)
-    return (time.perf_counter() - t0) / CACHED_CALLS
+    return (time.perf_counter() - t0) / _cached_calls(n)
   return time.perf_counter() - t0
 
 
