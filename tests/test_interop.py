@@ -3,7 +3,6 @@ re-paired signature (the swapped update, where donate pairs b -> out[0] and a ->
 `jax.jit` pairs first come, first served): the same results, bitwise, and the user's output
 order everywhere, on one device and on eight."""
 
-import re
 import warnings
 
 import jax
@@ -15,6 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import donate
+from test_symbolic import main_args
 
 N = 1 << 16  # 256 KiB of float32: above copy_threshold, so donate re-pairs
 
@@ -147,8 +147,7 @@ def test_persistent_compilation_cache_hits_give_the_same_results(tmp_path):
 
 
 def _main_aliases(lowered):
-  header = next(line for line in lowered.as_text().splitlines() if "func.func public @main" in line)
-  return [int(k) for k in re.findall(r"tf\.aliasing_output = (\d+)", header)]
+  return main_args(lowered.as_text())
 
 
 def test_the_re_paired_module_is_its_own_jax_jits_lowering_of_the_same_trace_is_untouched():

@@ -233,9 +233,12 @@ class _PlanKey:
 _PLAN_PRIMITIVE = jex.core.Primitive("donate_alias_plan")  # never bound: names a cache entry
 
 
-def lowering_parameters_for(parameters, key: tuple):
+def lowering_parameters_for(
+  parameters, managed: set[int], aliases: dict[int, int], donors: set[int], pinned: set[int]
+):
   """JAX's lowering parameters (`Traced.lower(_private_parameters=...)`, those given or the
-  default) whose cache entries belong to the alias plan `key` alone.
+  default) whose cache entries belong to one alias plan alone: the one `lowered_with_aliases`
+  then sets, given the same `managed`, `aliases`, `donors` and `pinned`.
 
   A re-paired signature lowers the gate's trace and then sets its plan's aliases on the module
   (`lowered_with_aliases`). Lowered with JAX's own parameters, that module and its compiled
@@ -246,6 +249,7 @@ def lowering_parameters_for(parameters, key: tuple):
   second lowering does. No public API lowers with other aliases or without JAX's caches.
   """
   parameters = parameters if parameters is not None else _mlir.LoweringParameters()
+  key = (frozenset(managed), frozenset(aliases.items()), frozenset(donors), frozenset(pinned))
   rules = tuple(parameters.override_lowering_rules or ()) + ((_PLAN_PRIMITIVE, _PlanKey(key)),)
   return dataclasses.replace(parameters, override_lowering_rules=rules)
 

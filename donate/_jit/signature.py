@@ -146,15 +146,13 @@ class Prepared:
         return traced.lower(**(lower_kwargs or {}))
       # Lowered under parameters of this plan's own: the module is changed in place, never the
       # one JAX's caches give jax.jit's first-come lowering of the same trace.
-      managed, pairs, donors, pinned = aliases = self._alias_plan()
+      aliases = self._alias_plan()
       kwargs = dict(lower_kwargs or {})
-      key = tuple(tuple(sorted(x.items() if isinstance(x, dict) else x)) for x in aliases)
-      kwargs["_private_parameters"] = _compat.lowering_parameters_for(
-        kwargs.get("_private_parameters"), key
-      )
+      given = kwargs.get("_private_parameters")
+      kwargs["_private_parameters"] = _compat.lowering_parameters_for(given, *aliases)
       lowered = traced.lower(**kwargs)
       n_traced = _compat.traced_num_consts(traced)
-      return _compat.lowered_with_aliases(lowered, n_traced, managed, pairs, donors, pinned)
+      return _compat.lowered_with_aliases(lowered, n_traced, *aliases)
 
     return self.checked_lowering(lower, warn=warn)
 
