@@ -473,20 +473,22 @@ def test_a_new_signature_planned_on_the_way_keeps_jax_jits_cpp_dispatch():
     assert count() == 1
     for _ in range(3):
       f(fours.pop())
-    f(threes.pop())  # the other signature comes back through C++ once its entry is rebuilt
+    f(threes.pop())  # the other signature's entry stays: no miss
     f(threes.pop())
-    assert count() == 2
-  # Re-paired: each signature runs its own compiled program (JAX's AOT call), which no jax.jit
-  # dispatch cache stands in front of: a new signature is planned, lowered from the gate's trace
-  # and compiled without ever missing jax.jit's C++ cache.
+    assert count() == 1
+  # Re-paired: the compiled program with the plan's aliases makes its own entry in the same
+  # dispatch, and a new signature is planned, lowered from the gate's trace and compiled without
+  # running anything through jax.jit's own dispatch.
   s = donate.jit(swapped_update, donate_argnums=(0, 1))
   big = lambda n: jnp.arange(2.0**16 + n)
   s(big(3), big(3))
+  fresh_pairs = [(big(4), big(4)) for _ in range(3)]
   with jtu.count_pjit_cpp_cache_miss() as count:
-    for _ in range(3):
-      x, y = s(big(4), big(4))
-    assert count() == 1  # the new signature's trace by the gate; its calls run compiled
-  assert s._fast[next(iter(s._fast))].prep.realiased and len(s._fast) == 1
+    for a, b in fresh_pairs:
+      x, y = s(a, b)
+    assert count() == 0
+  programs = [sig.program for sig in s._prepared.values()]
+  assert len(programs) == 2 and all(p.prep.realiased for p in programs)
 
 
 def test_the_lowered_module_carries_jax_jits_source_locations():
@@ -513,3 +515,116 @@ def test_a_deleted_input_at_the_first_call_raises_jaxs_error(jit):
   sharded.delete()
   with pytest.raises(RuntimeError, match="Array has been deleted"):
     jit(lambda a: a + 1, donate_argnums=0)(sharded)
+
+
+@pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
+@pytest.mark.parametrize("signatures", [1, 2])
+def test_a_donated_input_passed_again_to_a_cached_call_raises_jaxs_error(fun, signatures):
+  """A cached call of jax.jit raises its dispatch's error for a consumed buffer; so does every
+  path of donate.jit (not the error of tracing the call anew)."""
+  errors = []
+  for jit in (jax.jit, donate.jit):
+    extra = {"copy_threshold": 0} if jit is donate.jit else {}
+    g = jit(fun, donate_argnums=(0, 1), **extra)
+    if signatures == 2:
+      g(fresh(4), fresh(4))
+    a = fresh()
+    g(a, fresh())
+    with pytest.raises(Exception) as info:
+      g(a, fresh())
+    errors.append((type(info.value), str(info.value)))
+  assert errors[0][0] in (ValueError, RuntimeError)  # XLA's (jax 0.10) or JAX's (0.12) check
+  assert errors[1] == errors[0]
+
+
+def _swapped_big(jit):
+  extra = {"copy_threshold": 0} if jit is donate.jit else {}
+  return jit(swapped_update, donate_argnums=(0, 1), **extra)
+
+
+@JITS
+def test_a_cached_signature_follows_the_default_device_as_jax_jit_does(jit):
+  """The dispatch is keyed by JAX's jit-keyed configs: a program compiled for another default
+  device is not reused outside that context (it would run there and copy, not donate)."""
+  f = _swapped_big(jit)
+  with jax.default_device(jax.devices()[2]):
+    inside = f(fresh(), fresh())
+  a, b = fresh(), fresh()
+  out = f(a, b)
+  assert inside[0].devices() == {jax.devices()[2]}
+  assert out[0].devices() == out[1].devices() == {jax.devices()[0]}
+  assert a.is_deleted() and b.is_deleted()
+
+
+@JITS
+def test_debug_nans_applies_to_a_cached_signature_as_in_jax_jit(jit):
+  f = _swapped_big(jit)
+  f(fresh(), fresh())
+  with jax.debug_nans(True), pytest.raises(FloatingPointError):
+    f(fresh(), fresh(value=np.inf) * 0.0)
+
+
+def test_a_re_paired_signature_keeps_its_pairs_after_a_native_one_of_the_same_structure():
+  """Two signatures of one pytree structure, one re-paired (big buffers) and one native (under
+  copy_threshold): each runs its own program, whichever ran last."""
+  f = donate.jit(swapped_update, donate_argnums=(0, 1))
+  for n in (2**16, 8, 2**16, 8, 2**16):
+    a, b = fresh(n), fresh(n)
+    pa, pb = a.unsafe_buffer_pointer(), b.unsafe_buffer_pointer()
+    x, y = f(a, b)
+    if n > 8:  # the plan's in-place pairs: out[0] in b's buffer, out[1] in a's
+      assert (x.unsafe_buffer_pointer(), y.unsafe_buffer_pointer()) == (pb, pa)
+    assert a.is_deleted() and b.is_deleted()
+    np.testing.assert_array_equal(x, jax.jit(swapped_update)(fresh(n), fresh(n))[0])
+
+
+@JITS
+def test_a_donated_host_value_beside_a_re_paired_buffer(jit):
+  """A numpy argument in donate_argnums is copied to the device and that copy donated; the
+  re-paired program gives its first-come output to another leaf, and compiles."""
+  f = _swapped_big(jit)
+  host, b = np.ones(8, np.float32), fresh()
+  x, y = f(host, b)
+  np.testing.assert_array_equal(x, jax.jit(swapped_update)(fresh(), fresh())[0])
+  np.testing.assert_array_equal(y, np.full(8, 2.0))
+  assert b.is_deleted() and host.sum() == 8
+
+
+@pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
+def test_a_program_with_host_callbacks_is_found_again_by_the_calls_key(fun):
+  """No C++ entry can run a program with host callbacks (`jax.jit` runs it from Python too):
+  donate finds it again by the call's key, default device included."""
+  seen = []
+
+  def logged(x, y):
+    jax.debug.callback(lambda: seen.append(1))
+    return fun(x, y)
+
+  f = donate.jit(logged, donate_argnums=(0, 1), copy_threshold=0)
+  with jax.default_device(jax.devices()[3]):
+    inside = f(fresh(), fresh())
+  for _ in range(3):
+    a, b = fresh(), fresh()
+    out = f(a, b)
+    assert out[0].devices() == {jax.devices()[0]} and a.is_deleted() and b.is_deleted()
+  assert inside[0].devices() == {jax.devices()[3]}
+  assert len(seen) == 4 and f.trace_count == 2  # a trace per default device, as JAX keys them
+  assert len(f._no_entry) == 2  # one program a device: the later calls found it again
+  np.testing.assert_array_equal(out[0], jax.jit(fun)(fresh(), fresh())[0])
+
+
+def test_a_signature_whose_first_call_raised_gets_its_cpp_entry_later(monkeypatch):
+  """JAX's dispatch keeps an entry whose first call raised on the Python path for good; donate
+  drops it, so the signature's later calls run without Python."""
+  from donate._jit.wrapper import JitWrapped
+
+  g = donate.jit(lambda p, q: (p + 1.0, q + 1.0), donate_argnums=0)
+  x = fresh()
+  with pytest.raises(donate.DonationError):
+    g(x, x)  # one buffer donated and read: named before anything runs
+  misses = []
+  miss = JitWrapped._miss
+  monkeypatch.setattr(JitWrapped, "_miss", lambda self, a, k: misses.append(1) or miss(self, a, k))
+  for _ in range(3):
+    g(fresh(), fresh())
+  assert len(misses) == 1

@@ -76,7 +76,7 @@ def test_source_lines_point_at_the_user_code():
   eqn = jax.make_jaxpr(lambda x: jnp.sin(x))(1.0).eqns[0]
   line = _compat.source_line(eqn.source_info)
   assert "test_jaxprs.py" in line and line.endswith(")")
-  short = _compat.short_source_line(eqn.source_info)
+  short = _jaxprs.short_source_line(eqn.source_info)
   assert short.endswith(line.split(":")[1].split(" ")[0]) and " (" not in short
 
 

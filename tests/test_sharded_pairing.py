@@ -117,7 +117,7 @@ def test_in_order_outputs_on_a_mesh_run_on_jax_jits_own_path():
   f = donate.jit(lambda a, b: (a * 2.0, b + 1.0), donate_argnums=(0, 1))
   a, b = inputs(sharding)
   f(a, b)
-  assert all(p.prep.native for p in f._fast.values())
+  assert all(sig.program.prep.jax_own for sig in f._prepared.values())
 
 
 def test_a_donor_xla_reuses_says_what_differs_from_its_output():

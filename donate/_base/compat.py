@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import re
 from collections.abc import Container
 from typing import Any
 
@@ -81,6 +80,25 @@ from jax._src import core as _core
 def trace_state_clean() -> bool:
   """True at the top level (no trace active), as `jax.jit`'s own dispatch decides it."""
   return _core.trace_state_clean()
+
+
+# What `jax.jit`'s dispatch keys calls on beside the arguments (jaxlib's `JitConfigs`, not exposed).
+from jax._src import config as _config
+
+_NAMES = (
+  "jax_optimization_level",
+  "jax_memory_fitting_level",
+  "jax_pallas_auto_assign_collective_ids",
+  "jax_pallas_auto_assign_collective_ids_limit",
+  "device_context",
+)
+_STATES = {**_config.config_states, "device_context": getattr(_config, "device_context", None)}
+_JIT_ONLY = [_STATES[n] for n in _NAMES if _STATES.get(n) is not None]  # fmt: skip
+
+
+def jit_context() -> tuple:
+  """The jit-keyed configuration where a call is made (a call's key, beside its arguments)."""
+  return (_config.trace_context(), *(s.value for s in _JIT_ONLY))
 
 
 def jit_argnums(
@@ -184,18 +202,38 @@ def lowered_kept_leaves(jax_lowered) -> tuple[tuple[int, ...], int]:
 
 
 def lowered_closed_over_refs(jax_lowered) -> int:
-  """How many `jax.Ref`s the function closes over: `jax.jit` passes each as an extra parameter
-  after the argument leaves, and writes it back through an extra result aliased to it (after the
-  results, with the argument refs' own). Only the lowering's mutation data records them."""
+  """How many `jax.Ref`s the function closes over: `jax.jit` passes each as a parameter after the
+  argument leaves, written back through a result aliased to it (after the results, with the
+  argument refs' own). Only the lowering's mutation data records them."""
   mut = jax_lowered._lowering.compile_args.get("mut")
   return len(mut.in_mut) if mut is not None else 0
 
 
-def compiled_call(jax_compiled) -> Any:
-  """What a called `jax.stages.Compiled` calls: `Compiled.__call__` is a Python frame around the
-  dispatch it made on its first call (JAX's C++ one when the executable has one). The Compiled
-  itself before its first call."""
-  return getattr(jax_compiled, "_call", None) or jax_compiled
+# A `donate.jit` function dispatches through a C++ object of `jax.jit`'s kind (no public API).
+from jax._src.lib import _jax
+
+
+def dispatch_like(jitted, fun, cache_miss) -> Any:
+  """A C++ dispatch keyed as the `jax.jit` function `jitted` keys its own (static arguments,
+  keywords; per call the arguments' structure, avals, shardings, layouts, commitment and JAX's
+  jit-keyed configs, such as the default device), with entries of its own: a call none matches
+  runs `cache_miss(*args, **kwargs)`, which returns `(outputs, fastpath data or None, drop)` as
+  JAX's own misses do (`jit_cache_miss`, `compiled_cache_miss`); `fun` runs under disable_jit."""
+  s, keys = jitted.__getstate__(), ("static_argnums", "static_argnames", "global_cache_key")
+  rest = (s["pytree_registry"], s["shard_arg_fallback"])
+  return _jax.pjit(s["function_name"], fun, cache_miss, *map(s.get, keys), *rest)
+
+
+def jit_cache_miss(jitted) -> Any:
+  """What a `jax.jit` function's C++ dispatch calls on a miss: runs the call through JAX."""
+  return jitted.__getstate__()["cache_miss"]
+
+
+def compiled_cache_miss(jax_compiled) -> Any:
+  """The same for a `jax.stages.Compiled`; None when its executable has no C++ dispatch (host
+  callbacks, unordered effects)."""
+  call = jax_compiled._executable.create_cpp_call(jax_compiled._params)
+  return None if call is None else call.__getstate__()["cache_miss"]
 
 
 def compiled_output_shardings(jax_compiled, n_outputs: int) -> list:
@@ -238,15 +276,11 @@ def lowering_parameters_for(
 ):
   """JAX's lowering parameters (`Traced.lower(_private_parameters=...)`, those given or the
   default) whose cache entries belong to one alias plan alone: the one `lowered_with_aliases`
-  then sets, given the same `managed`, `aliases`, `donors` and `pinned`.
-
-  A re-paired signature lowers the gate's trace and then sets its plan's aliases on the module
-  (`lowered_with_aliases`). Lowered with JAX's own parameters, that module and its compiled
-  executable are the ones JAX's caches hand every other lowering of the same trace (`jax.jit`'s
-  first-come program of it, another plan of it): they would have to be copied before being
-  changed. Under parameters keyed by the plan, the module is the plan's own and is changed in
-  place; a second lowering of the same plan finds it (and its executable) ready, as `jax.jit`'s
-  second lowering does. No public API lowers with other aliases or without JAX's caches.
+  then sets, given the same `managed`, `aliases`, `donors` and `pinned`. With JAX's own, the
+  module (and its executable) would be the one JAX's caches hand every other lowering of the
+  trace (`jax.jit`'s first-come program of it); keyed by the plan, it is the plan's own, changed
+  in place, and found ready by a second lowering of the plan. No public API lowers with other
+  aliases or without JAX's caches.
   """
   parameters = parameters if parameters is not None else _mlir.LoweringParameters()
   key = (frozenset(managed), frozenset(aliases.items()), frozenset(donors), frozenset(pinned))
@@ -386,36 +420,10 @@ def hide_from_tracebacks(path: str, shown: tuple[str, ...] = ()) -> None:
 
 
 def clear_cpp_cache(jitted) -> None:
-  """Drops the C++ dispatch entries of one `jax.jit` function, keeping its traces and executables.
-
-  `jax.jit`'s C++ dispatch marks a call signature "fall back to Python" for good when its first
-  call raises; donate's gate raises on purpose (to plan a new signature first), so the entry must
-  go, or that signature would dispatch through Python from then on. `clear_cache()` would also
-  drop the traces; only the C++ object's own method drops just the entries.
-  """
+  """Drops the C++ dispatch entries of one `jax.jit` function (or `dispatch_like` object),
+  keeping its traces and executables: an entry whose first call raised (donate's gate raises on
+  purpose) falls back to Python for good. Only the C++ object's own method drops just those."""
   jitted._clear_cache()
-
-
-_COLUMN = re.compile(r"^(.*:\d+):\d+$")
-
-
-def short_source_line(source_info) -> str:
-  """The user's ``file:line`` (no function, no column) of an equation's ``source_info``, or ``""``.
-
-  >>> import jax, jax.numpy as jnp
-  >>> eqn = jax.make_jaxpr(jnp.sin)(1.0).eqns[0]
-  >>> isinstance(short_source_line(eqn.source_info), str)
-  True
-  """
-  if source_info is None:
-    return ""
-  try:
-    text = source_line(source_info)
-  except Exception:  # pylint: disable=broad-except  # pragma: no cover - best effort only.
-    return ""
-  text = text.split(" (")[0] if text and not text.startswith("<") else ""
-  match = _COLUMN.match(text)
-  return match.group(1) if match else text
 
 
 def bound_axis_names() -> tuple:

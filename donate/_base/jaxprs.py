@@ -13,6 +13,7 @@ stacked outputs).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import jax.extend as jex
@@ -174,3 +175,25 @@ def axes_of(params) -> tuple[str, ...]:
   value = params.get("axes", params.get("axis_name", ()))
   value = (value,) if isinstance(value, str) else tuple(value or ())
   return tuple(a for a in value if isinstance(a, str))
+
+
+_COLUMN = re.compile(r"^(.*:\d+):\d+$")
+
+
+def short_source_line(source_info) -> str:
+  """The user's ``file:line`` (no function, no column) of an equation's ``source_info``, or ``""``.
+
+  >>> import jax, jax.numpy as jnp
+  >>> eqn = jax.make_jaxpr(jnp.sin)(1.0).eqns[0]
+  >>> isinstance(short_source_line(eqn.source_info), str)
+  True
+  """
+  if source_info is None:
+    return ""
+  try:
+    text = _compat.source_line(source_info)
+  except Exception:  # pylint: disable=broad-except  # pragma: no cover - best effort only.
+    return ""
+  text = text.split(" (")[0] if text and not text.startswith("<") else ""
+  match = _COLUMN.match(text)
+  return match.group(1) if match else text

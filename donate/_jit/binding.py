@@ -252,6 +252,21 @@ def _is_device_array(x) -> bool:
 _DEVICE_TYPES: set = set()  # concrete array types seen: never refs, tracers or abstract values
 
 
+def holds_deleted(leaves) -> bool:
+  """Whether a concrete array among these leaves was deleted (donated by an earlier call): a
+  compiled program's dispatch hands it to XLA, whose error is what `jax.jit`'s cached call raises
+  (a ValueError on jax 0.10; jax 0.12's dispatch raises its own RuntimeError first).
+
+  >>> import jax.numpy as jnp
+  >>> x = jnp.zeros(2)
+  >>> before = holds_deleted([x, 1.0])
+  >>> x.delete()
+  >>> before, holds_deleted([x, 1.0])
+  (False, True)
+  """
+  return any(_is_device_array(x) and x.is_deleted() for x in leaves)
+
+
 def repeats_an_array(binding: Binding, args: tuple, kwargs: dict) -> bool:
   """Whether one `jax.Array` is passed in two places of this call (what JAX rejects when one of
   them is donated); False for arguments that do not bind.
@@ -295,6 +310,24 @@ def meta_key(x) -> tuple:
   if isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
     return (REF if is_ref(x) else ABSTRACT, getattr(x, "sharding", None))
   return (HOST, type(x))
+
+
+def signature_key(x) -> tuple:
+  """A leaf's part of a call's key (its aval and `meta_key`), as `jax.jit`'s dispatch keys it; a
+  concrete array's aval and sharding by identity (their `__hash__` and `__eq__` run Python), so
+  whoever keeps the key keeps those objects (`held`): no other object takes their ids."""
+  if _is_device_array(x):
+    return (id(x.aval), id(x.sharding), getattr(x, "_committed", True), _compat.layout_key(x))
+  try:
+    aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+  except TypeError:  # not a JAX type: tracing raises jax.jit's own error
+    aval = None
+  return (aval, meta_key(x))
+
+
+def held(leaves) -> tuple:
+  """What `signature_key` identifies by identity, to keep alive beside a key."""
+  return tuple((x.aval, x.sharding) for x in leaves if _is_device_array(x))
 
 
 def aval_nbytes(aval):

@@ -2,7 +2,7 @@
 
 A call flows trace -> plan (`signature.prepare`: a frozen `Prepared`) -> lower (`Prepared.lower`:
 JAX's `Lowered`) -> compile and realize (`compile_program`: a frozen `Program`, whose plan has the
-aliases XLA made) -> run (`Program.run`). Each step returns a new value and writes into none of
+aliases XLA made) -> run (`Program.miss`). Each step returns a new value and writes into none of
 the earlier ones. `Signature` is the cache of one signature: it keeps the newest value of each
 stage (as `jax.jit`'s caches keep its lowering and executable) and is the only thing on the path
 that changes.
@@ -11,15 +11,16 @@ that changes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import warnings
 from typing import Any
 
+from donate._base import compat as _compat
 from donate._base import errors as _errors
 from donate._base.text import format_bytes
 from donate._jit import binding as _binding
 from donate._jit import compiled as _compiled
-from donate._jit import gate as _gate
 from donate._jit.signature import Prepared, warn_unusable
 from donate._plan import donation_plan as _donation_plan
 from donate._plan.decision_types import Action, Request
@@ -36,21 +37,26 @@ class Program:
   plan: _donation_plan.DonationPlan
   in_paths: tuple[str, ...]  # the compiled module's parameters as the user's leaf paths
 
-  def run(self, args, kwargs, leaves, cached: bool = False):
-    """Runs the call (`cached`: found by its pytree structure alone, so arguments of other
-    shapes, dtypes or shardings raise `gate.Replan` and take the slow path)."""
+  def run(self, args, kwargs, leaves):
+    """Runs the call; returns its outputs."""
+    return self.miss(args, kwargs, leaves)[0]
+
+  def miss(self, args, kwargs, leaves) -> tuple:
+    """Runs the call as the function's C++ dispatch runs a miss: `(outputs, fastpath data or
+    None, drop)`, the data being the dispatch's entry for the call's signature (None: there is
+    none; a replay, or a program with host callbacks, is found again in Python)."""
     prep = self.prep
-    if prep.realiased:  # the compiled program with the plan's aliases, called as jax.jit's AOT
+    if prep.realiased:  # the compiled program with the plan's aliases, as jax.jit's AOT runs it
       args, kwargs = prep.fn.binding.dynamic(args, kwargs)
-      if not cached:
-        return self.compiled(*args, **kwargs)
-      try:
-        return self.compiled(*args, **kwargs)
-      except (TypeError, ValueError):  # another signature: JAX checks before running anything
-        raise _gate.Replan() from None
-    if prep.inner is None:  # native: the gate runs jax.jit's own program
-      return prep.fn.jitted(*args, **kwargs)
-    return prep.inner(leaves)
+      miss = self._compiled_miss
+      return miss(*args, **kwargs) if miss is not None else (self.compiled(*args, **kwargs), None)
+    if prep.inner is None:  # native: jax.jit's own program, through JAX's own miss
+      return prep.fn.jit_miss(*args, **kwargs)
+    return prep.inner(leaves), None
+
+  @functools.cached_property
+  def _compiled_miss(self):
+    return _compat.compiled_cache_miss(self.compiled)
 
   def check_duplicates(self, call: _binding.Call) -> None:
     self.prep.check_duplicates(call, self.plan)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import os
 import sys
@@ -48,7 +49,7 @@ from donate._jit import route as _route
 from donate._plan import dataflow as _dataflow
 from donate._plan import donation_plan as _donation_plan
 from donate._plan import pairing as _pairing
-from donate._plan.decision_types import Action, Cause, Request
+from donate._plan.decision_types import Action, Cause, Kind, Request
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -61,6 +62,12 @@ class Function:
   gate: _gate.Gate
   binding: _binding.Binding
   options: _options.Options
+
+  @functools.cached_property
+  def jit_miss(self) -> Callable:
+    """What the gate's own dispatch runs on a miss: a call run as `jax.jit` runs it, returning
+    `(outputs, fastpath data, drop)`."""
+    return _compat.jit_cache_miss(self.jitted)
 
 
 @dataclasses.dataclass(eq=False)
@@ -172,13 +179,19 @@ class Prepared:
     """`(managed, pairs, donors, pinned)`: what the lowering's `main` must say, argument leaf by
     leaf (`_compat.lowered_with_aliases`).
 
-    The leaves the plan decides are set; others (host values, refs) keep what `jax.jit`'s
-    lowering gave them. An output that reuses a buffer over several devices is given that
-    buffer's sharding when the lowering left it to propagation (`jax.jit` makes an alias only
-    for an output whose sharding is stated)."""
+    The leaves the plan decides are set, and donated host values; others (refs) keep what
+    `jax.jit`'s lowering gave them. An output that reuses a buffer over several devices is given
+    that buffer's sharding when the lowering left it to propagation (`jax.jit` makes an alias
+    only for an output whose sharding is stated)."""
     plan = self.plan
     managed = {i for i, d in enumerate(plan.decisions) if d.requested and d.action in _PLANNED}
     donors = {i for i, d in enumerate(plan.decisions) if d.action == Action.DONOR}
+    # A donated host value is copied to the device for the call and that copy donated, as
+    # `jax.jit` does; it takes no pair (JAX's first-come alias may be an output the plan gives
+    # another leaf), and XLA may reuse it for an output still free.
+    host = {i for i, d in enumerate(plan.decisions) if d.requested and d.info.kind == Kind.HOST}
+    managed |= host
+    donors |= host
     pairs = plan.pairs()
     sh = self.in_shardings
     pinned = {i for i in pairs if sh[i] is not None and _route.num_devices(sh[i]) > 1}

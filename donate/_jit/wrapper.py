@@ -4,9 +4,12 @@ Every `donate.jit` holds a real `jax.jit` of the user's function with the user's
 *gate*, `_gate`). JAX validates the keywords, binds and traces each call exactly as `jax.jit` does;
 donate reads the traced jaxpr and plans every leaf (`signature.prepare`), then the gate itself,
 its lowering with the plan's aliases, or a replay of a marked program runs the call (see
-`signature` and `program`). The gate's traced functions raise `_gate.Replan` unless donate's slow
-path opened them, so a signature donate has not planned never runs unplanned: cached calls go
-straight to `jax.jit`'s C++ dispatch, and a new signature falls back here.
+`signature` and `program`). Calls go through a C++ dispatch of JAX's own kind, keyed as the
+gate's (`_dispatch_for`): a call that matches an entry runs that entry's program; any other call
+(a new signature, another default device or jit-keyed config) plans first (`JitWrapped._miss`),
+and the planned program's run makes the entry. The gate's traced functions raise `_gate.Replan`
+unless donate opened them, and the gate's own dispatch runs nothing: a signature donate has not
+planned never runs unplanned.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import inspect
 import os
 import threading
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -57,10 +61,8 @@ class JitWrapped:
     name = _fun_name(fun)
     # jax.jit validates the function and every keyword exactly as for jax.jit(fun); its error
     # keeps its type and sentence, and gains the function's name and its parameters.
-    argnums = {
-      "donate_argnums": options.donate_argnums,
-      "donate_argnames": options.donate_argnames,
-    }
+    names = ("donate_argnums", "donate_argnames")
+    argnums = {k: getattr(options, k) for k in names}
     try:
       self._plain = _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
       self._gated = _gate.gated_for(fun)
@@ -70,67 +72,69 @@ class JitWrapped:
     self._fn = _signature.Function(
       fun, name, jitted, self._gated.gate, _binding.Binding(fun, jitted), options
     )
-    # A function JAX cannot reference weakly gets exactly jax.jit's behaviour, whatever it is.
-    self._plain_only = self._gated.strong
-    self._native_only = False  # every signature so far runs on the gate: skip flattening
-    self._single = None  # the compiled program of the one re-paired signature, if that is all
-    self._fast: dict[Any, _program.Program] = {}  # by the call's structure
+    self._plain_only = self._gated.strong  # not weakly referenceable: exactly jax.jit's behaviour
+    self._no_entry = _NoEntry()  # programs the dispatch has no entry for
     self._prepared: dict[Any, _program.Signature] = {}  # by its trace and its leaves' facts
     self._into: JitWrapped | None = None
     self._lock = threading.RLock()
     self._plans = _gate.Plans(self, name)  # cleared with JAX's caches (jax.clear_caches())
+    self._dispatch = self._plain if self._plain_only else _dispatch_for(self, jitted)
+    self._miss_raised = False  # a miss raised: its C++ entry falls back to Python for good
 
   @property
   def trace_count(self) -> int:
     """How many times the user function was traced (for every donate.jit of it)."""
     return self._gated.trace_count
 
-  # ---- calling ---------------------------------------------------------------------------------
+  # ---- calling ----------------------------------------------------------------------------------
   def __call__(self, *args, **kwargs):
-    fn, program = self._fn, None
-    try:  # inside another trace too: a cache hit there carries the donation (see _primitives)
-      if self._native_only:  # jax.jit's own C++ dispatch, nothing in between
-        return fn.jitted(*args, **kwargs) if kwargs else fn.jitted(*args)
-      single = self._single
-      if single is not None:  # one re-paired signature: its compiled program checks the call
-        try:
-          return single(*args, **kwargs) if kwargs else single(*args)
-        except (TypeError, ValueError):  # another signature (checked before anything runs)
-          pass
-      if self._fast:
-        call = fn.binding.bind(args, kwargs)
-        program = self._fast.get(call.key)
-        if program is not None:
-          return program.run(args, kwargs, call.leaves, cached=True)
-    except _gate.Replan:  # the C++ entry of this signature is now "fall back to Python": drop it
-      prep = program.prep if program is not None else None
-      if prep is None or prep.inner is not None or not prep.realiased:
-        _compat.clear_cpp_cache(prep.inner.jitted if prep is not None and prep.inner else fn.jitted)
-    except (jax.errors.JaxRuntimeError, ValueError):
+    try:  # JAX's C++ dispatch: a planned signature's program, or `_miss` (planning first)
+      return self._dispatch(*args, **kwargs) if kwargs else self._dispatch(*args)
+    except BaseException as e:
+      if self._miss_raised:  # its entry now falls back to Python for good: entries go
+        self._miss_raised = False
+        _compat.clear_cpp_cache(self._dispatch)
+      if not isinstance(e, (jax.errors.JaxRuntimeError, ValueError)):
+        raise
       # One array in two places (JAX rejects it when one is donated): name both leaves.
-      if _compat.trace_state_clean() and _binding.repeats_an_array(fn.binding, args, kwargs):
+      fn = self._fn
+      clean = _compat.trace_state_clean() and not _deleted(fn.binding, args, kwargs)
+      if clean and _binding.repeats_an_array(fn.binding, args, kwargs):
         signature, call = self._prepare(args, kwargs)
         signature.prepared.check_duplicates(call)
       raise
-    return self._call_slow(args, kwargs)
 
-  def _call_slow(self, args, kwargs):
-    if self._plain_only:
-      return self._plain(*args, **kwargs)
-    if jax.config.jax_disable_jit:
-      return self._fn.fun(*args, **kwargs)
+  def _miss(self, args, kwargs) -> tuple:
+    """A call the dispatch has no entry for: `(outputs, fastpath data or None, drop)`, the data
+    (JAX's own, for the program donate planned) being the entry of the call's signature."""
+    if jax.config.jax_disable_jit:  # type: ignore[attr-defined]  # set at run time
+      return self._fn.fun(*args, **kwargs), None
     if not _compat.trace_state_clean():
-      return self._nested(args, kwargs)
+      return self._nested(args, kwargs), None
+    try:
+      return self._run_new(args, kwargs)
+    except BaseException:
+      self._miss_raised = True
+      raise
+
+  def _run_new(self, args, kwargs) -> tuple:
+    """The call's program, found again (`_no_entry`) or planned and compiled, run."""
+    found = self._no_entry.find(self._fn.binding, args, kwargs)
+    if found is not None:  # planned, and run without an entry: found again by its key
+      program, call = found
+      try:
+        return program.miss(args, kwargs, call.leaves)
+      except _gate.Replan:  # traced anew (JAX's trace evicted): planned again below
+        if program.prep.inner is not None:  # a replay's own dispatch: its C++ entry must go
+          _compat.clear_cpp_cache(program.prep.inner.jitted)
     signature, call = self._prepare(args, kwargs)
     program = signature.compile(call, with_copies=False)  # copies: read when a plan is asked
     program.check_duplicates(call)
+    key, held = self._no_entry.key(call), _binding.held(call.leaves)  # before donation
     with self._fn.gate:
-      out = program.run(args, kwargs, call.leaves)
-    with self._lock:
-      self._fast[call.key] = program
-      self._native_only = all(p.prep.jax_own for p in self._fast.values())
-      only = len(self._fast) == 1 and program.prep.realiased and not self._fn.binding.has_static
-      self._single = _compat.compiled_call(program.compiled) if only else None
+      out = program.miss(args, kwargs, call.leaves)
+    if out[1] is None:  # no fastpath data (a replay, host callbacks): no C++ entry either
+      self._no_entry.add(key, held, program)
     return out
 
   def _nested(self, args, kwargs):
@@ -215,9 +219,9 @@ class JitWrapped:
         if signature.prepared.inner is not None:
           signature.prepared.inner.jitted.clear_cache()
       self._prepared.clear()
-      self._fast.clear()
-      self._native_only = False
-      self._single = None
+      self._no_entry.clear()
+      if not self._plain_only:
+        _compat.clear_cpp_cache(self._dispatch)
 
   def _cache_size(self) -> int:
     """How many compiled signatures this function holds (`jax.jit`'s `_cache_size()`)."""
@@ -267,6 +271,68 @@ def _keyword_error(name: str, fun, error: Exception, jit_kwargs: dict) -> Except
       "static_argnames, and never the same one in both",
     )
   )
+
+
+class _NoEntry:
+  """The programs a function ran without a C++ entry (a replay; host callbacks, which no entry
+  runs), found again by the call's key as `jax.jit`'s dispatch makes it: structure, static
+  arguments, each leaf's aval, sharding, commitment and layout, and the jit-keyed configuration.
+  Bounded, as `jax.jit`'s dispatch caches are."""
+
+  LIMIT = 4096
+
+  def __init__(self):
+    self._programs: dict[Any, tuple] = {}  # key -> (program, what the key holds by identity)
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return len(self._programs)
+
+  @staticmethod
+  def key(call: _binding.Call) -> tuple:
+    return (call.key, *map(_binding.signature_key, call.leaves), _compat.jit_context())
+
+  def find(self, binding: _binding.Binding, args, kwargs):
+    """`(program, call)` of a call planned before and run without an entry, else None."""
+    if not self._programs:
+      return None
+    try:
+      call = binding.bind(args, kwargs)
+    except (TypeError, ValueError):  # tracing raises jax.jit's own error
+      return None
+    found = self._programs.get(self.key(call))
+    return (found[0], call) if found is not None else None
+
+  def add(self, key: tuple, held: tuple, program) -> None:
+    """`held`: what `key` names by identity (`binding.held`), kept alive beside it."""
+    with self._lock:
+      if len(self._programs) >= self.LIMIT:
+        self._programs.clear()
+      self._programs[key] = (program, held)
+
+  def clear(self) -> None:
+    self._programs.clear()
+
+
+def _dispatch_for(wrapped: JitWrapped, jitted):
+  """The C++ dispatch of a `donate.jit` function, keyed as `jax.jit`'s own: every call whose
+  arguments and JAX configuration match an entry runs that entry's program, with no Python; any
+  other call plans first (`JitWrapped._miss`, reached through a weak reference: no cycle)."""
+  ref = weakref.ref(wrapped)
+
+  def miss(*args, **kwargs):
+    return ref()._miss(args, kwargs)  # the dispatch dies with its function
+
+  miss.__name__ = miss.__qualname__ = wrapped._fn.name
+  return _compat.dispatch_like(jitted, wrapped._fn.fun, miss)
+
+
+def _deleted(binding: _binding.Binding, args, kwargs) -> bool:
+  """Whether the call passes an array an earlier call consumed (False if it does not bind)."""
+  try:
+    return _binding.holds_deleted(binding.bind(args, kwargs).leaves)
+  except (TypeError, ValueError):
+    return False
 
 
 def _fun_name(fun) -> str:

@@ -19,9 +19,8 @@ import warnings
 from typing import Any
 
 from donate._base import primitives as _primitives
-from donate._base.compat import short_source_line
 from donate._base.errors import SymmetricMemoryWarning
-from donate._base.jaxprs import is_var, nbytes, subs
+from donate._base.jaxprs import is_var, nbytes, short_source_line, subs
 from donate._symm.prim import context_spec, contexts_used, marks_traced, symmetric_p
 from donate._symm.registry import COLLECTIVE_PRIMITIVES, requirements
 
