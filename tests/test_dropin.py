@@ -628,3 +628,24 @@ def test_a_signature_whose_first_call_raised_gets_its_cpp_entry_later(monkeypatc
   for _ in range(3):
     g(fresh(), fresh())
   assert len(misses) == 1
+
+
+def test_donate_jit_written_inline_runs_from_the_shared_cpp_entries(monkeypatch):
+  """Every donate.jit of one function and options shares the dispatch's entries, as every
+  jax.jit of a function shares jax.jit's; other donate options do not."""
+  from donate._jit.wrapper import JitWrapped
+
+  def swap(a, b):  # a function of this test's own: no other test made entries for it
+    return swapped_update(a, b)
+
+  misses = []
+  miss = JitWrapped._miss
+  monkeypatch.setattr(JitWrapped, "_miss", lambda self, a, k: misses.append(1) or miss(self, a, k))
+  for _ in range(3):
+    donate.jit(swap, donate_argnums=(0, 1))(fresh(), fresh())
+  assert len(misses) == 1
+  a, b = fresh(), fresh()
+  pa, pb = a.unsafe_buffer_pointer(), b.unsafe_buffer_pointer()
+  x, y = donate.jit(swap, donate_argnums=(0, 1), copy_threshold=0)(a, b)
+  assert len(misses) == 2  # its own plan: re-paired, b's buffer for out[0], a's for out[1]
+  assert (x.unsafe_buffer_pointer(), y.unsafe_buffer_pointer()) == (pb, pa)

@@ -216,11 +216,11 @@ from jax._src.lib import _jax
 def dispatch_like(jitted, fun, cache_miss) -> Any:
   """A C++ dispatch keyed as the `jax.jit` function `jitted` keys its own (static arguments,
   keywords; per call the arguments' structure, avals, shardings, layouts, commitment and JAX's
-  jit-keyed configs, such as the default device), with entries of its own: a call none matches
-  runs `cache_miss(*args, **kwargs)`, which returns `(outputs, fastpath data or None, drop)` as
-  JAX's own misses do (`jit_cache_miss`, `compiled_cache_miss`); `fun` runs under disable_jit."""
+  jit-keyed configs, such as the default device), in the same cache under `fun` (which runs
+  under disable_jit): a call no entry of `fun` matches runs `cache_miss(*args, **kwargs)`, which
+  returns `(outputs, fastpath data or None, drop)` as JAX's own misses do."""
   s, keys = jitted.__getstate__(), ("static_argnums", "static_argnames", "global_cache_key")
-  rest = (s["pytree_registry"], s["shard_arg_fallback"])
+  rest = (s["pytree_registry"], s["shard_arg_fallback"], s["cache"])  # `jitted`'s cache, by `fun`
   return _jax.pjit(s["function_name"], fun, cache_miss, *map(s.get, keys), *rest)
 
 

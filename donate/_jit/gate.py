@@ -55,6 +55,7 @@ class Gated:
       self.strong = True
     self.gate = Gate()
     self.trace_count = 0  # how many times the user function was traced (for tests)
+    self._stand_ins: dict[str, StandIn] = {}
     for name in ("__module__", "__name__", "__qualname__", "__doc__"):
       if hasattr(fun, name):
         setattr(self, name, getattr(fun, name))
@@ -70,6 +71,26 @@ class Gated:
     if not self.gate.is_open:
       raise Replan()
     self.trace_count += 1
+    return self._ref()(*args, **kwargs)
+
+  def stand_in(self, options_key: str) -> StandIn:
+    """The function donate's dispatch of this function is keyed by, for options `options_key`."""
+    with _GATED_LOCK:
+      return self._stand_ins.setdefault(options_key, StandIn(self._ref))
+
+
+class StandIn:
+  """What donate's C++ dispatch is keyed by in JAX's dispatch caches: one per user function and
+  donate's own options (`Gated.stand_in`), so every `donate.jit` of them shares the entries, as
+  every `jax.jit` of a function shares `jax.jit`'s, and no `jax.jit` does. The dispatch calls it
+  under `jax.disable_jit()`: it is the user's function then."""
+
+  __slots__ = ("_ref", "__weakref__")
+
+  def __init__(self, ref):
+    self._ref = ref
+
+  def __call__(self, *args, **kwargs):
     return self._ref()(*args, **kwargs)
 
 

@@ -317,14 +317,26 @@ class _NoEntry:
 def _dispatch_for(wrapped: JitWrapped, jitted):
   """The C++ dispatch of a `donate.jit` function, keyed as `jax.jit`'s own: every call whose
   arguments and JAX configuration match an entry runs that entry's program, with no Python; any
-  other call plans first (`JitWrapped._miss`, reached through a weak reference: no cycle)."""
+  other call plans first (`JitWrapped._miss`, reached through a weak reference: no cycle). Its
+  entries are shared by every `donate.jit` of the same function and options (`Gated.stand_in`),
+  as `jax.jit`'s are: `donate.jit(f)(x)` written inline in a loop runs from C++."""
   ref = weakref.ref(wrapped)
 
   def miss(*args, **kwargs):
     return ref()._miss(args, kwargs)  # the dispatch dies with its function
 
   miss.__name__ = miss.__qualname__ = wrapped._fn.name
-  return _compat.dispatch_like(jitted, wrapped._fn.fun, miss)
+  o = wrapped._fn.options
+  own = ("keep_unused", "inline", "static_argnums", "static_argnames")
+  ours = (
+    o.strict_unusable,
+    o.strict_copies,
+    o.adopt_inner,
+    o.copy_threshold,
+    o.symmetric_placement,
+  )
+  key = repr((*ours, *(o.jit_kwargs.get(k) for k in own)))
+  return _compat.dispatch_like(jitted, wrapped._gated.stand_in(key), miss)
 
 
 def _deleted(binding: _binding.Binding, args, kwargs) -> bool:
