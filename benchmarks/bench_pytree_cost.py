@@ -15,7 +15,8 @@ and runs one of each back to back, `jax.jit` first ("in order") or donate.jit fi
 a sample's own allocations trigger are timed with it. A second table times donate's own
 work (planning, `_signature.prepare`, and reading the compiled program back,
 `_compiled.realize`) within the first call of a 24-layer transformer training step (unscanned:
-one parameter and one momentum leaf per weight). Run:
+one parameter and one momentum leaf per weight). Last, a cached call of a step with a host
+callback (no C++ entry can run it). Run:
   python benchmarks/bench_pytree_cost.py [--sizes 10,100,1000,10000] [--repeats 7] [--layers 24]
       [--paths native,re-paired]
 """
@@ -188,6 +189,33 @@ def own_share(layers: int, repeats: int) -> str:
           f"({back / total:.1%}); together {(plan + back) / total:.1%}")
 
 
+def host_callback_call(n: int = 10, rounds: int = 15, calls: int = 100) -> str:
+  """A cached call of a step with a host callback: no C++ entry can run it, so `jax.jit` runs it
+  from Python, and donate finds its program again by the call's key. Rounds alternate the two."""
+  def step(params):
+    jax.debug.callback(lambda: None)
+    return {k: v * 2.0 + 1.0 for k, v in params.items()}
+
+  funs = {"jax": jax.jit(step, donate_argnums=0), "donate": donate.jit(step, donate_argnums=0)}
+  state = {k: _params(n) for k in funs}
+  for k, g in funs.items():
+    for _ in range(10):
+      state[k] = g(state[k])
+  times: dict[str, list[float]] = {k: [] for k in funs}
+  for _ in range(rounds):
+    for k, g in funs.items():
+      p = jax.block_until_ready(state[k])
+      t0 = time.perf_counter()
+      for _ in range(calls):
+        p = g(p)
+      state[k] = jax.block_until_ready(p)
+      times[k].append((time.perf_counter() - t0) / calls)
+  ours, theirs = statistics.median(times["donate"]), statistics.median(times["jax"])
+  return (f"cached call of a {n}-leaf step with a host callback, median of {rounds} rounds of "
+          f"{calls}: donate.jit {ours * 1e6:.1f} us, jax.jit {theirs * 1e6:.1f} us "
+          f"({ours / theirs:.2f}x)")
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes", default="10,100,1000,10000")
@@ -200,6 +228,7 @@ def main(argv=None) -> None:
   print(table([int(s) for s in args.sizes.split(",")], args.repeats,
               tuple(args.paths.split(","))), "\n")
   print(own_share(args.layers, args.own_repeats))
+  print(host_callback_call())
 
 
 if __name__ == "__main__":
