@@ -93,7 +93,7 @@ _NAMES = (
   "device_context",
 )
 _STATES = {**_config.config_states, "device_context": getattr(_config, "device_context", None)}
-_JIT_ONLY = [_STATES[n] for n in _NAMES if _STATES.get(n) is not None]  # fmt: skip
+_JIT_ONLY = [_STATES[n] for n in _NAMES if _STATES.get(n) is not None]
 
 
 def jit_context() -> tuple:

@@ -252,34 +252,25 @@ def _is_device_array(x) -> bool:
 _DEVICE_TYPES: set = set()  # concrete array types seen: never refs, tracers or abstract values
 
 
-def holds_deleted(leaves) -> bool:
-  """Whether a concrete array among these leaves was deleted (donated by an earlier call): a
-  compiled program's dispatch hands it to XLA, whose error is what `jax.jit`'s cached call raises
-  (a ValueError on jax 0.10; jax 0.12's dispatch raises its own RuntimeError first).
-
-  >>> import jax.numpy as jnp
-  >>> x = jnp.zeros(2)
-  >>> before = holds_deleted([x, 1.0])
-  >>> x.delete()
-  >>> before, holds_deleted([x, 1.0])
-  (False, True)
-  """
-  return any(_is_device_array(x) and x.is_deleted() for x in leaves)
-
-
 def repeats_an_array(binding: Binding, args: tuple, kwargs: dict) -> bool:
   """Whether one `jax.Array` is passed in two places of this call (what JAX rejects when one of
-  them is donated); False for arguments that do not bind.
+  them is donated); False for arguments that do not bind, and for a call passing an array an
+  earlier call consumed (the error of `jax.jit`'s cached call for it stands).
 
   >>> import jax.numpy as jnp
-  >>> f, x = (lambda a, b: a), jnp.zeros(2)
+  >>> f, x, y = (lambda a, b: a), jnp.zeros(2), jnp.ones(2)
   >>> b = Binding(f, jax.jit(f))
   >>> repeats_an_array(b, (x, {"y": x}), {}), repeats_an_array(b, (x, x + 1), {})
   (True, False)
+  >>> y.delete()
+  >>> repeats_an_array(b, (y, {"y": y}), {})
+  False
   """
   try:
     leaves = binding.bind(args, kwargs).leaves
   except (TypeError, ValueError):
+    return False
+  if any(_is_device_array(x) and x.is_deleted() for x in leaves):
     return False
   arrays = [id(x) for x in leaves if isinstance(x, jax.Array)]
   return len(set(arrays)) < len(arrays)

@@ -97,18 +97,15 @@ class JitWrapped:
       if not isinstance(e, (jax.errors.JaxRuntimeError, ValueError)):
         raise
       # One array in two places (JAX rejects it when one is donated): name both leaves.
-      fn = self._fn
-      clean = _compat.trace_state_clean() and not _deleted(fn.binding, args, kwargs)
-      if clean and _binding.repeats_an_array(fn.binding, args, kwargs):
+      if _compat.trace_state_clean() and _binding.repeats_an_array(self._fn.binding, args, kwargs):
         signature, call = self._prepare(args, kwargs)
         signature.prepared.check_duplicates(call)
       raise
 
   def _miss(self, args, kwargs) -> tuple:
     """A call the dispatch has no entry for: `(outputs, fastpath data or None, drop)`, the data
-    (JAX's own, for the program donate planned) being the entry of the call's signature."""
-    if jax.config.jax_disable_jit:  # type: ignore[attr-defined]  # set at run time
-      return self._fn.fun(*args, **kwargs), None
+    (JAX's own, for the program donate planned) being the entry of the call's signature. Under
+    `jax.disable_jit()` the dispatch calls the function itself and never misses."""
     if not _compat.trace_state_clean():
       return self._nested(args, kwargs), None
     try:
@@ -337,14 +334,6 @@ def _dispatch_for(wrapped: JitWrapped, jitted):
   )
   key = repr((*ours, *(o.jit_kwargs.get(k) for k in own)))
   return _compat.dispatch_like(jitted, wrapped._gated.stand_in(key), miss)
-
-
-def _deleted(binding: _binding.Binding, args, kwargs) -> bool:
-  """Whether the call passes an array an earlier call consumed (False if it does not bind)."""
-  try:
-    return _binding.holds_deleted(binding.bind(args, kwargs).leaves)
-  except (TypeError, ValueError):
-    return False
 
 
 def _fun_name(fun) -> str:
