@@ -649,3 +649,29 @@ def test_donate_jit_written_inline_runs_from_the_shared_cpp_entries(monkeypatch)
   x, y = donate.jit(swap, donate_argnums=(0, 1), copy_threshold=0)(a, b)
   assert len(misses) == 2  # its own plan: re-paired, b's buffer for out[0], a's for out[1]
   assert (x.unsafe_buffer_pointer(), y.unsafe_buffer_pointer()) == (pb, pa)
+
+
+def test_a_signature_with_nothing_donated_is_lowered_once_by_jaxs_own_miss(monkeypatch):
+  """Nothing donated or marked: the call runs through jax.jit's own miss, which lowers and
+  compiles the program once; donate lowers it only when a plan or stage is asked for."""
+  from donate._jit.signature import Prepared
+
+  lowered = []
+  lower = Prepared.lower
+  monkeypatch.setattr(Prepared, "lower", lambda self, *a, **k: lowered.append(1) or lower(self, *a, **k))
+
+  def add(x, y):  # uncommitted host values, then uncommitted arrays: two signatures, as in JAX
+    return x + y
+
+  f = donate.jit(add)
+  a = np.arange(3.0, dtype=np.float32)
+  out = f(a, a)
+  out2 = f(out, out)
+  np.testing.assert_array_equal(out2, jax.jit(add)(jax.jit(add)(a, a), jax.jit(add)(a, a)))
+  assert not out._committed and not out2._committed and f._cache_size() == 2
+  assert lowered == []
+  (d, _), g = f.plan(out, out).decisions, donate.jit(add, donate_argnums=0)
+  assert str(d.action) == "kept" and len(lowered) == 1
+  x = fresh()
+  g(x, fresh())
+  assert x.is_deleted() and len(lowered) == 2  # a donation: donate lowers, compiles and checks it

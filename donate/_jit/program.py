@@ -170,17 +170,44 @@ def _lower_peak_of_two(ours: Program, with_copies: bool) -> Program:
   return _realized(first_come, theirs_lowered, theirs_compiled, with_copies)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class AsJaxJit:
+  """A signature `jax.jit`'s own program runs with nothing donated or marked
+  (`Prepared.as_jax_jit`): run through JAX's own miss, which lowers and compiles it once, as
+  for `jax.jit`."""
+
+  prep: Prepared
+
+  def miss(self, args, kwargs, leaves) -> tuple:
+    return self.prep.fn.jit_miss(*args, **kwargs)
+
+
 class Signature:
   """The cache of one planned signature: its `Prepared`, its lowering and its `Program`, each
   the newest value (the compile check may replace the `Prepared` by its first-come twin)."""
 
-  __slots__ = ("prepared", "lowered", "program", "lock")
+  __slots__ = ("prepared", "lowered", "program", "lock", "ran")
 
   def __init__(self, prepared: Prepared):
     self.prepared = prepared
     self.lowered: Any = None  # jax.stages.Lowered of `prepared`, once lowered
     self.program: Program | None = None
     self.lock = threading.Lock()
+    self.ran = False  # run as `jax.jit` runs it (`AsJaxJit`), compiled by JAX's own miss
+
+  @property
+  def compiled(self) -> bool:
+    """Whether a program of this signature was compiled (by donate, or by JAX's own miss)."""
+    return self.ran or self.program is not None
+
+  def runner(self, call: _binding.Call):
+    """What runs the signature's calls (`.miss(args, kwargs, leaves)`): `AsJaxJit` where there
+    is nothing for donate to check, else its `Program` (compiled once; copies read only when a
+    plan is asked for)."""
+    if self.prepared.as_jax_jit:
+      self.ran = True
+      return AsJaxJit(self.prepared)
+    return self.compile(call, with_copies=False)
 
   def lower(self, call: _binding.Call):
     """The signature's jax.stages.Lowered (lowered once; warns for unusable donations then)."""

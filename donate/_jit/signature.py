@@ -116,6 +116,18 @@ class Prepared:
     return self.native and not self.realiased
 
   @property
+  def as_jax_jit(self) -> bool:
+    """Whether `jax.jit`'s own program runs this signature with nothing donated or marked, so
+    donate has nothing to check in it: JAX's own miss lowers and compiles it (donate compiles it
+    only when a plan or stage is asked for)."""
+    return (
+      self.jax_own
+      and not self.comm
+      and not self.fn.options.strict_copies
+      and all(d.request is None for d in self.plan.decisions)
+    )
+
+  @property
   def donated(self) -> frozenset[int]:
     """The leaves the program donates (as `jax.jit`'s `args_info[...].donated` reports them)."""
     if self.jax_own:

@@ -125,8 +125,9 @@ class JitWrapped:
         if program.prep.inner is not None:  # a replay's own dispatch: its C++ entry must go
           _compat.clear_cpp_cache(program.prep.inner.jitted)
     signature, call = self._prepare(args, kwargs)
-    program = signature.compile(call, with_copies=False)  # copies: read when a plan is asked
-    program.check_duplicates(call)
+    program = signature.runner(call)
+    if isinstance(program, _program.Program):
+      program.check_duplicates(call)
     key, held = self._no_entry.key(call), _binding.held(call.leaves)  # before donation
     with self._fn.gate:
       out = program.miss(args, kwargs, call.leaves)
@@ -223,7 +224,7 @@ class JitWrapped:
   def _cache_size(self) -> int:
     """How many compiled signatures this function holds (`jax.jit`'s `_cache_size()`)."""
     with self._lock:
-      return len({id(s) for s in self._prepared.values() if s.program is not None})
+      return len({id(s) for s in self._prepared.values() if s.compiled})
 
   def __get__(self, obj, objtype=None):
     if obj is None:
