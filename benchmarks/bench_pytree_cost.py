@@ -216,6 +216,36 @@ def host_callback_call(n: int = 10, rounds: int = 15, calls: int = 100) -> str:
           f"({ours / theirs:.2f}x)")
 
 
+def in_place_program_call(n: int = 10, rounds: int = 40, calls: int = 1000) -> str:
+  """The re-paired 10-leaf cached call, split into program and dispatch: `jax.jit`'s own in-place
+  program (outputs in input order) against its copying one (the re-paired step, first come, first
+  served), and donate's in-place program of the re-paired step through donate's dispatch. Rounds
+  alternate the four."""
+  funs = {
+    "jax.jit native (in place)": jax.jit(_step_factory(0.5), donate_argnums=0),
+    "jax.jit re-paired step (copies)": jax.jit(_step_factory(0.5, True), donate_argnums=0),
+    "donate.jit re-paired (in place)": donate.jit(
+      _step_factory(0.5, True), donate_argnums=0, copy_threshold=0
+    ),
+    "donate.jit native (in place)": donate.jit(_step_factory(0.5), donate_argnums=0),
+  }
+  state = {k: _params(n) for k in funs}
+  times: dict[str, list[float]] = {k: [] for k in funs}
+  for k, g in funs.items():
+    for _ in range(50):
+      state[k] = g(state[k])
+  for _ in range(rounds):
+    for k, g in funs.items():
+      p = jax.block_until_ready(state[k])
+      t0 = time.perf_counter()
+      for _ in range(calls):
+        p = g(p)
+      state[k] = jax.block_until_ready(p)
+      times[k].append((time.perf_counter() - t0) / calls)
+  cells = ", ".join(f"{k} {statistics.median(v) * 1e6:.2f} us" for k, v in times.items())
+  return f"cached call of a {n}-leaf step, median of {rounds} rounds of {calls}: {cells}"
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes", default="10,100,1000,10000")
@@ -229,6 +259,7 @@ def main(argv=None) -> None:
               tuple(args.paths.split(","))), "\n")
   print(own_share(args.layers, args.own_repeats))
   print(host_callback_call())
+  print(in_place_program_call())
 
 
 if __name__ == "__main__":
