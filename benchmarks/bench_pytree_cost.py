@@ -189,6 +189,21 @@ def own_share(layers: int, repeats: int) -> str:
           f"({back / total:.1%}); together {(plan + back) / total:.1%}")
 
 
+def _alternating(funs: dict, state: dict, rounds: int, calls: int) -> dict[str, float]:
+  """Median seconds a cached call of each of `funs`, each fed its own result (`state`), over
+  `rounds` rounds of `calls` calls that alternate the functions."""
+  times: dict[str, list[float]] = {k: [] for k in funs}
+  for _ in range(rounds):
+    for k, g in funs.items():
+      p = jax.block_until_ready(state[k])
+      t0 = time.perf_counter()
+      for _ in range(calls):
+        p = g(p)
+      state[k] = jax.block_until_ready(p)
+      times[k].append((time.perf_counter() - t0) / calls)
+  return {k: statistics.median(v) for k, v in times.items()}
+
+
 def host_callback_call(n: int = 10, rounds: int = 15, calls: int = 100) -> str:
   """A cached call of a step with a host callback: no C++ entry can run it, so `jax.jit` runs it
   from Python, and donate finds its program again by the call's key. Rounds alternate the two."""
@@ -201,16 +216,8 @@ def host_callback_call(n: int = 10, rounds: int = 15, calls: int = 100) -> str:
   for k, g in funs.items():
     for _ in range(10):
       state[k] = g(state[k])
-  times: dict[str, list[float]] = {k: [] for k in funs}
-  for _ in range(rounds):
-    for k, g in funs.items():
-      p = jax.block_until_ready(state[k])
-      t0 = time.perf_counter()
-      for _ in range(calls):
-        p = g(p)
-      state[k] = jax.block_until_ready(p)
-      times[k].append((time.perf_counter() - t0) / calls)
-  ours, theirs = statistics.median(times["donate"]), statistics.median(times["jax"])
+  times = _alternating(funs, state, rounds, calls)
+  ours, theirs = times["donate"], times["jax"]
   return (f"cached call of a {n}-leaf step with a host callback, median of {rounds} rounds of "
           f"{calls}: donate.jit {ours * 1e6:.1f} us, jax.jit {theirs * 1e6:.1f} us "
           f"({ours / theirs:.2f}x)")
@@ -230,19 +237,11 @@ def in_place_program_call(n: int = 10, rounds: int = 40, calls: int = 1000) -> s
     "donate.jit native (in place)": donate.jit(_step_factory(0.5), donate_argnums=0),
   }
   state = {k: _params(n) for k in funs}
-  times: dict[str, list[float]] = {k: [] for k in funs}
   for k, g in funs.items():
     for _ in range(50):
       state[k] = g(state[k])
-  for _ in range(rounds):
-    for k, g in funs.items():
-      p = jax.block_until_ready(state[k])
-      t0 = time.perf_counter()
-      for _ in range(calls):
-        p = g(p)
-      state[k] = jax.block_until_ready(p)
-      times[k].append((time.perf_counter() - t0) / calls)
-  cells = ", ".join(f"{k} {statistics.median(v) * 1e6:.2f} us" for k, v in times.items())
+  times = _alternating(funs, state, rounds, calls)
+  cells = ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in times.items())
   return f"cached call of a {n}-leaf step, median of {rounds} rounds of {calls}: {cells}"
 
 
