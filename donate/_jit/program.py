@@ -181,6 +181,9 @@ class AsJaxJit:
   def miss(self, args, kwargs, leaves) -> tuple:
     return self.prep.fn.jit_miss(*args, **kwargs)
 
+  def check_duplicates(self, call: _binding.Call) -> None:
+    self.prep.check_duplicates(call)
+
 
 class Signature:
   """The cache of one planned signature: its `Prepared`, its lowering and its `Program`, each

@@ -126,8 +126,7 @@ class JitWrapped:
           _compat.clear_cpp_cache(program.prep.inner.jitted)
     signature, call = self._prepare(args, kwargs)
     program = signature.runner(call)
-    if isinstance(program, _program.Program):
-      program.check_duplicates(call)
+    program.check_duplicates(call)
     key, held = self._no_entry.key(call), _binding.held(call.leaves)  # before donation
     with self._fn.gate:
       out = program.miss(args, kwargs, call.leaves)
