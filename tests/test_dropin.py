@@ -675,3 +675,24 @@ def test_a_signature_with_nothing_donated_is_lowered_once_by_jaxs_own_miss(monke
   x = fresh()
   g(x, fresh())
   assert x.is_deleted() and len(lowered) == 2  # a donation: donate lowers, compiles and checks it
+
+
+@JITS
+def test_a_wrapper_made_with_functools_wraps_keeps_its_own_stages(jit):
+  """`functools.wraps` and `jax.jit` copy a function's attributes onto the wrapper: nothing of
+  donate's that runs the inner function may come with them (its stages would ignore the
+  wrapper: a silently wrong result). donate's methods live on its class, not on the object."""
+  import functools
+
+  g = jit(lambda x: x * 2)
+
+  @functools.wraps(g)
+  def wrapper(x):
+    return g(x) + 100.0
+
+  for h in (jax.jit(wrapper), jax.jit(g, donate_argnums=0)):
+    x = fresh()
+    want = np.asarray(h(fresh()))
+    np.testing.assert_array_equal(h.lower(x).compile()(x), want)
+    np.testing.assert_array_equal(jax.eval_shape(h, x).shape, want.shape)
+  assert "jit" in str(jax.make_jaxpr(g)(fresh()))  # a call of the function, as for jax.jit
