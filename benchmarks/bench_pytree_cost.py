@@ -6,10 +6,13 @@ for N = 10, 100, 1000, 10000. On the "native" path output k is computed from inp
 first come, first served gives: `jax.jit`'s own program runs); on the "re-paired" path output k is
 computed from input N-1-k, so donate pairs every leaf otherwise than `jax.jit` (with
 `copy_threshold=0`: these 256-byte leaves are under the default 64 KiB) and runs the gate's own
-lowering with its aliases set. The cached call times a loop of calls that feed each call's result
-to the next (1000 calls up to 100 leaves, 200 above). Every sample builds fresh functions (no cache helps either side)
-and runs one of each back to back, `jax.jit` first ("in order") or donate.jit first
-("swapped"); the table gives the median ratio over the pairs. Each sample starts after
+lowering with its aliases set. `--paths re-paired-64k` (not run by default) is the same step on
+float32[16384] leaves (64 KiB each) at the default `copy_threshold`: the re-pairing donate makes
+on its own, where `jax.jit`'s first-come program copies every leaf. The cached call times a loop
+of calls that feed each call's result to the next (1000 calls up to 100 leaves, 200 above). Every
+sample builds fresh functions (no cache helps either side) and runs one of each back to back,
+`jax.jit` first ("in order") or donate.jit first ("swapped"); the table gives the median ratio
+over the pairs. Each sample starts after
 `gc.collect()`, so a full collection that the previous sample's garbage made due (about 50 ms at
 1000 leaves, and it falls on whichever side comes second) does not decide the ratio; collections
 a sample's own allocations trigger are timed with it. A second table times donate's own
@@ -18,7 +21,7 @@ work (planning, `_signature.prepare`, and reading the compiled program back,
 one parameter and one momentum leaf per weight). Last, a cached call of a step with a host
 callback (no C++ entry can run it). Run:
   python benchmarks/bench_pytree_cost.py [--sizes 10,100,1000,10000] [--repeats 7] [--layers 24]
-      [--paths native,re-paired]
+      [--paths native,re-paired[,re-paired-64k]]
 """
 
 from __future__ import annotations
@@ -48,16 +51,23 @@ def _step_factory(shift: float, repaired: bool = False):
   return step
 
 
-PATHS = {"native": {}, "re-paired": {"copy_threshold": 0}}
+# path -> (donate.jit's extra keywords, elements per float32 leaf). "re-paired-64k": leaves of
+# 64 KiB, at the default copy_threshold: the pairing donate makes on its own (opt-in, --paths).
+PATHS = {
+  "native": ({}, 64),
+  "re-paired": ({"copy_threshold": 0}, 64),
+  "re-paired-64k": ({}, 16384),
+}
+DEFAULT_PATHS = ("native", "re-paired")
 
 
 def _jit_for(jit, path: str):
-  extra = PATHS[path] if jit is donate.jit else {}
+  extra = PATHS[path][0] if jit is donate.jit else {}
   return lambda fun, **kw: jit(fun, **kw, **extra)
 
 
-def _params(n: int) -> dict:
-  return {f"w{i:05d}": jnp.full((64,), float(i)) for i in range(n)}
+def _params(n: int, size: int = 64) -> dict:
+  return {f"w{i:05d}": jnp.full((size,), float(i)) for i in range(n)}
 
 
 def _cached_calls(n: int) -> int:
@@ -67,8 +77,8 @@ def _cached_calls(n: int) -> int:
 
 
 def _once(jit, n: int, what: str, shift: float, path: str) -> float:
-  g = _jit_for(jit, path)(_step_factory(shift, path == "re-paired"), donate_argnums=0)
-  params = _params(n)
+  g = _jit_for(jit, path)(_step_factory(shift, path != "native"), donate_argnums=0)
+  params = _params(n, PATHS[path][1])
   jax.block_until_ready(params)
   if what == "cached call":
     for _ in range(20):
@@ -105,7 +115,7 @@ def measure(n: int, what: str, repeats: int, path: str = "native") -> dict[str, 
           **{o: statistics.median(r) for o, r in ratios.items()}}
 
 
-def table(sizes, repeats: int, paths=tuple(PATHS)) -> str:
+def table(sizes, repeats: int, paths=DEFAULT_PATHS) -> str:
   head = ("leaves", "path", "stage", "donate.jit ms", "jax.jit ms", "ratio in order",
           "ratio swapped")
   rows = []
@@ -223,11 +233,11 @@ def host_callback_call(n: int = 10, rounds: int = 15, calls: int = 100) -> str:
           f"({ours / theirs:.2f}x)")
 
 
-def in_place_program_call(n: int = 10, rounds: int = 40, calls: int = 1000) -> str:
+def in_place_program_call(n: int = 10, rounds: int = 40, calls: int = 1000, size: int = 64) -> str:
   """The re-paired 10-leaf cached call, split into program and dispatch: `jax.jit`'s own in-place
   program (outputs in input order) against its copying one (the re-paired step, first come, first
-  served), and donate's in-place program of the re-paired step through donate's dispatch. Rounds
-  alternate the four."""
+  served), and donate's in-place program of the re-paired step through donate's dispatch, on
+  float32[size] leaves. Rounds alternate the four."""
   funs = {
     "jax.jit native (in place)": jax.jit(_step_factory(0.5), donate_argnums=0),
     "jax.jit re-paired step (copies)": jax.jit(_step_factory(0.5, True), donate_argnums=0),
@@ -236,13 +246,14 @@ def in_place_program_call(n: int = 10, rounds: int = 40, calls: int = 1000) -> s
     ),
     "donate.jit native (in place)": donate.jit(_step_factory(0.5), donate_argnums=0),
   }
-  state = {k: _params(n) for k in funs}
+  state = {k: _params(n, size) for k in funs}
   for k, g in funs.items():
     for _ in range(50):
       state[k] = g(state[k])
   times = _alternating(funs, state, rounds, calls)
   cells = ", ".join(f"{k} {v * 1e6:.2f} us" for k, v in times.items())
-  return f"cached call of a {n}-leaf step, median of {rounds} rounds of {calls}: {cells}"
+  return (f"cached call of a {n}-leaf step (float32[{size}] leaves), median of {rounds} rounds "
+          f"of {calls}: {cells}")
 
 
 def main(argv=None) -> None:
@@ -251,7 +262,7 @@ def main(argv=None) -> None:
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--layers", type=int, default=24)
   parser.add_argument("--own-repeats", type=int, default=1)
-  parser.add_argument("--paths", default=",".join(PATHS))
+  parser.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=", ".join(PATHS))
   args = parser.parse_args(argv)
   print(f"Machine: {_demo.machine()}\n")
   print(table([int(s) for s in args.sizes.split(",")], args.repeats,
