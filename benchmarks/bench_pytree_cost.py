@@ -234,7 +234,7 @@ def host_callback_call(n: int = 10, rounds: int = 15, calls: int = 100) -> str:
 
 
 def in_place_program_call(n: int = 10, rounds: int = 40, calls: int = 1000, size: int = 64) -> str:
-  """The re-paired 10-leaf cached call, split into program and dispatch: `jax.jit`'s own in-place
+  """The re-paired cached call of `n` leaves, split into program and dispatch: `jax.jit`'s own in-place
   program (outputs in input order) against its copying one (the re-paired step, first come, first
   served), and donate's in-place program of the re-paired step through donate's dispatch, on
   float32[size] leaves. Rounds alternate the four."""
