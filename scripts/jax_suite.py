@@ -2,7 +2,9 @@
 
 Maintainer tool behind `scripts/jax_suite.sh` (never run in CI). Reads JAX's test files that exercise
 `jax.jit` (`TEST_FILES`: api, pjit, export, mutable_array, layout, shard_map, memories, array,
-debugging_primitives) of a jax-ml/jax git checkout at a tag and writes them to OUT_DIR, with a
+debugging_primitives, and those of the executable's serialization and caches and of effects: aot,
+compilation_cache, cache_key, multi_device, jaxpr_effects, x64_context, checkify) of a jax-ml/jax
+git checkout at a tag and writes them to OUT_DIR, with a
 `pytest.ini` carrying the checkout's own pytest settings (warnings are errors, as in JAX's CI).
 
 The rewrite works on the syntax tree and replaces, in place, each reference to JAX's jit:
@@ -30,11 +32,12 @@ import tomllib
 from pathlib import Path
 from xml.etree import ElementTree
 
-# The files that exercise `jax.jit` (issue 21 names them); `write` copies all, the shell script runs
+# The files that exercise `jax.jit` (issue 21 names the first nine); `write` copies all, the shell script runs
 # api_test.py and pjit_test.py unless test files are named.
 TEST_FILES = tuple(f"tests/{name}_test.py" for name in (
     "api", "pjit", "export", "mutable_array", "layout", "shard_map", "memories", "array",
-    "debugging_primitives"))
+    "debugging_primitives", "aot", "compilation_cache", "cache_key", "multi_device",
+    "jaxpr_effects", "x64_context", "checkify"))
 # (module, name) pairs whose import binds JAX's jit under the imported name.
 JIT_IMPORTS = {("jax", "jit"), ("jax._src.api", "jit"), ("jax._src.pjit", "pjit"),
                ("jax.experimental.pjit", "pjit")}

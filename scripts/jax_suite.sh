@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Maintainer tool, never run in CI: runs JAX's own jit tests against donate.jit.
 # Takes JAX's test files that exercise jax.jit (api, pjit, export, mutable_array, layout, shard_map,
-# memories, array, debugging_primitives; api and pjit unless files are named) of a jax-ml/jax
-# checkout at the installed jax's tag (jax-vX.Y.Z), rewrites every jax.jit in them to donate.jit (scripts/jax_suite.py) into a temporary
-# folder, and runs them with pytest under JAX's own pytest settings (warnings are errors).
+# memories, array, debugging_primitives, aot, compilation_cache, cache_key, multi_device,
+# jaxpr_effects, x64_context, checkify; api and pjit unless files are named) of a jax-ml/jax
+# checkout at the installed jax's tag (jax-vX.Y.Z), rewrites every jax.jit in them to donate.jit
+# (scripts/jax_suite.py) into a temporary folder, and runs them with pytest under JAX's own pytest settings (warnings are errors).
 #
 # Usage: bash scripts/jax_suite.sh JAX_CHECKOUT [--plain | --self-check | --compare] [--keep] [pytest args]
 #   JAX_CHECKOUT  a clone or a bare git dir of jax-ml/jax that has the tag
@@ -15,11 +16,12 @@
 # (with none among the pytest args both files run) and other paths must be absolute. Example:
 #   bash scripts/jax_suite.sh ~/src/jax --compare -k "donat or Donat"
 # Makes .venv-jaxsuite once (PYTHON picks the interpreter, VENV the folder) with donate installed
-# editable plus what JAX's tests need (absl-py, pytest<9 as JAX pins it). JAX_NUM_CPU_DEVICES
+# editable plus what JAX's tests need (absl-py, pytest<9 as JAX pins it, pytest-xdist: `-n 2` runs
+# the tests in two processes, as JAX's CI runs them with `-n auto`). JAX_NUM_CPU_DEVICES
 # defaults to 8 (pjit_test.py asks for 8 CPU devices).
 set -euo pipefail
 if [ $# -lt 1 ]; then
-  sed -n '2,18p' "$0" >&2
+  sed -n '2,21p' "$0" >&2
   exit 2
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,9 +45,9 @@ VENV=${VENV:-$ROOT/.venv-jaxsuite}
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import absl, donate, pytest" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import absl, donate, pytest, xdist" 2>/dev/null; then
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install -q -e "$ROOT" absl-py "pytest>=8,<9"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT" absl-py "pytest>=8,<9" pytest-xdist
 fi
 TAG="jax-v$("$VENV/bin/python" -c 'import jax; print(jax.__version__)')"
 suite() { "$VENV/bin/python" "$ROOT/scripts/jax_suite.py" "$@"; }
