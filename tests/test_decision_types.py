@@ -73,7 +73,7 @@ def test_every_planned_decision_has_a_cause():
                                                    3: "donate_argnames", 4: "donate_argnums"}, flow)
   assert [(d.action, d.cause, d.request) for d in plan.decisions] == [
       ("aliased", donate.Cause.ELEMENTWISE_UPDATE, donate.Request.DONATE_ARGNUMS),
-      ("kept", donate.Cause.NOT_A_DEVICE_BUFFER, donate.Request.DONATE_ARGNUMS),
+      ("unusable", donate.Cause.NOT_A_DEVICE_BUFFER, donate.Request.DONATE_ARGNUMS),
       ("kept", donate.Cause.NOT_REQUESTED, None),
       ("unused", donate.Cause.UNUSED, donate.Request.DONATE_ARGNAMES),
       ("unusable", donate.Cause.NO_MATCHING_OUTPUT, donate.Request.DONATE_ARGNUMS)]
@@ -85,9 +85,11 @@ def test_every_planned_decision_has_a_cause():
 
 def test_the_plan_text_prints_the_enums_as_their_words():
   f = donate.jit(lambda a, s: a * s, donate_argnums=(0, 1))
-  text = str(f.plan(jnp.ones(4), 2.0))
-  assert "  aliased  16 B   float32[4]  cpu:0     a -> out\n" in text
-  assert "      not donated: not a device buffer (float) [donate_argnums]" in text
+  with pytest.warns(donate.UnusableDonationWarning, match=r"float32\[\] \(s\)"):
+    text = str(f.plan(jnp.ones(4), 2.0))  # as jax.jit warns of the scalar's copy on the device
+  assert "  aliased   16 B   float32[4]  cpu:0     a -> out\n" in text
+  assert "  unusable  4 B    float32[]   host      s\n" in text
+  assert "      not a device buffer (float); its copy on the device is donated, as by jax.jit" in text
   assert "Action" not in text and "Cause" not in text and "Request" not in text
 
 

@@ -229,6 +229,40 @@ def test_no_warning_where_jax_jit_gives_none_and_one_per_compile_where_it_does()
       assert t.split(":")[0] == o.split(":")[0] == "Some donated buffers were not usable"
 
 
+def test_a_donated_host_value_no_output_can_reuse_is_warned_about_as_jax_jit_warns():
+  """`jax.jit` donates a host value's copy on the device (a numpy array, a Python or numpy
+  scalar), and warns when no output can reuse it; one an output can take gives no warning."""
+  def warnings_of(jit, fun, host):
+    with warnings.catch_warnings(record=True) as record:
+      warnings.simplefilter("always")
+      out = jit(fun, donate_argnums=(0, 1))(host, fresh())
+    return [str(r.message).split("\n")[0] for r in record], np.asarray(out[0])
+
+  cases = [  # (function, host value, the warned leaf's type and path, or None: no warning)
+    (lambda s, b: (b * 2 + s.sum(),), np.ones(3, np.float32), "float32[3] (s)"),
+    (lambda s, b: (b * s,), 3, "int32[] (s)"),
+    (lambda s, b: (b * s,), np.float32(2.0), "float32[] (s)"),
+    (lambda s, b: (b * s, s + 1), 3, None),  # out[1] reuses the scalar's copy
+    # One output for two: first come, first served gives it the host value's copy, as jax.jit.
+    (lambda s, b: (b * 2 + s,), np.ones(8, np.float32), "float32[8] (b)"),
+  ]
+  for fun, host, warned in cases:
+    (theirs, expected), (ours, got) = (warnings_of(j, fun, host) for j in (jax.jit, donate.jit))
+    np.testing.assert_array_equal(got, expected)
+    assert len(ours) == len(theirs) == (warned is not None)
+    if warned is not None:
+      aval = warned.split(" ")[0]
+      assert theirs[0].replace("~", "") == f"Some donated buffers were not usable: {aval}."
+      assert ours[0] == f"Some donated buffers were not usable: {warned}."
+  h = np.ones(3, np.float32)
+  with pytest.warns(donate.UnusableDonationWarning, match=r"float32\[3\] \(s\)"):
+    plan = donate.jit(cases[0][0], donate_argnums=(0, 1)).plan(h, fresh())
+  assert [str(d.action) for d in plan.decisions] == ["unusable", "aliased"]
+  assert plan.decisions[0].cause == donate.Cause.NOT_A_DEVICE_BUFFER
+  assert "its copy on the device is donated" in plan.decisions[0].reason
+  np.testing.assert_array_equal(h, np.ones(3, np.float32))  # never consumed
+
+
 # ---- errors -----------------------------------------------------------------------------------
 
 def test_the_same_buffer_twice_raises_what_jax_jit_raises_on_first_and_cached_calls():

@@ -1,4 +1,5 @@
-"""Unit tests of donate._plan.pairing (make_plan, fcfs_pairs) and the plan data model, from plain data."""
+"""Unit tests of donate._plan.pairing (make_plan), donate._plan.keys (fcfs_pairs) and the plan data
+model, from plain data."""
 
 import jax
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 from donate._base.errors import DonationError
 from donate._plan import dataflow as df
 from donate._plan import donation_plan as dp
+from donate._plan import keys as _keys
 from donate._plan import pairing as _pairing
 
 CPU = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -37,7 +39,7 @@ def test_dataflow_pairs_where_first_come_first_served_would_copy():
   p = plan(leaves, outputs, {0: "donate_argnums", 1: "donate_argnums"},
            flow([{1: df.UPDATE}, {0: df.ELEMENTWISE}], 2))
   assert p.pairs() == {1: 0, 0: 1}
-  assert _pairing.fcfs_pairs(leaves, outputs, [0, 1]) == {0: 0, 1: 1}
+  assert _keys.fcfs_pairs(leaves, outputs, [0, 1]) == {0: 0, 1: 1}
   assert p.layout.donated == (0, 1)
   assert [d.action for d in p.decisions] == [dp.ALIASED, dp.ALIASED]
 
@@ -49,8 +51,14 @@ def test_host_unused_donor_and_unusable_leaves():
   requested = dict.fromkeys(range(4), "donate_argnums")
   p = plan(leaves, outputs, requested, flow([{}], 5, used=[True, False, True, True, True]))
   actions = [d.action for d in p.decisions]
-  assert actions == [dp.KEPT, dp.UNUSED, dp.DONOR, dp.UNUSABLE, dp.KEPT]
-  assert p.decisions[0].reason.startswith(dp.NOT_A_DEVICE_BUFFER)
+  assert actions == [dp.UNUSABLE, dp.UNUSED, dp.DONOR, dp.UNUSABLE, dp.KEPT]
+  # The host value: its copy on the device is donated, and d took the only output of its size.
+  assert p.decisions[0].cause == dp.Cause.NOT_A_DEVICE_BUFFER
+  assert p.decisions[0].reason.startswith("not a device buffer (ArrayImpl); its copy on the")
+  used = [True, False, True, True, True]
+  two = plan(leaves, [*outputs, out("out[1]")], requested, flow([{}, {}], 5, used=used))
+  assert two.decisions[0].action == dp.KEPT  # out[1] is free for its copy
+  assert two.decisions[0].reason.startswith(dp.NOT_A_DEVICE_BUFFER)
   assert "no output of its shape and dtype" in p.decisions[3].reason
   assert p.decisions[4].requested is False
 
@@ -73,9 +81,9 @@ def test_jax_groups_by_memory_kind_only_when_every_value_has_one():
   leaves = [leaf("a", sharding=pinned), leaf("b", sharding=device)]
   outputs = [out("out", sharding=device)]
   # Every value has a memory kind: the device output takes the device input.
-  assert _pairing.fcfs_pairs(leaves, outputs, [0, 1]) == {1: 0}
+  assert _keys.fcfs_pairs(leaves, outputs, [0, 1]) == {1: 0}
   # An output without one: jax.jit ignores memory kinds and takes the first donated input.
-  assert _pairing.fcfs_pairs(leaves, [out("out")], [0, 1]) == {0: 0}
+  assert _keys.fcfs_pairs(leaves, [out("out")], [0, 1]) == {0: 0}
 
 
 def test_plan_text_fits_in_100_columns_and_names_every_leaf():

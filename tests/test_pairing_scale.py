@@ -14,6 +14,7 @@ from test_pairing import flow, leaf, out
 
 import donate
 from donate._plan import dataflow as df
+from donate._plan import keys as _keys
 from donate._plan import pairing as _pairing
 
 SHAPES = [(4,), (8,), (2, 2)]
@@ -25,7 +26,7 @@ def quadratic_pair(leaves, outputs, donated, dataflow):
   candidates = []
   for i in donated:
     for j, o in enumerate(outputs):
-      if _pairing._compatible(leaves[i], o):
+      if _keys.compatible(leaves[i], o):
         strength = (df.EXPLICIT if i in dataflow.out_explicit[j]
                     else dataflow.out_sources[j].get(i, 0))
         candidates.append((-strength, j, i))
@@ -64,13 +65,13 @@ def test_ten_thousand_leaves_pair_with_a_near_linear_number_of_comparisons(monke
   outputs = [out(f"out[{j}]") for j in range(n)]
   dataflow = flow([{j: df.ELEMENTWISE} for j in range(n)], n)
   calls = [0]
-  compatible = _pairing._compatible
+  compatible = _keys.compatible
 
   def counting(a, b):
     calls[0] += 1
     return compatible(a, b)
 
-  monkeypatch.setattr(_pairing, "_compatible", counting)
+  monkeypatch.setattr(_pairing, "compatible", counting)
   plan = _pairing.make_plan("f", leaves, outputs, dict.fromkeys(range(n), "donate_argnums"),
                             dataflow)
   assert plan.pairs() == {i: i for i in range(n)}

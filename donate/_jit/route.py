@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 
 from donate._base.text import format_bytes
-from donate._plan import pairing as _pairing
+from donate._plan import keys as _keys
 from donate._plan.decision_types import Kind, Request
 
 
@@ -26,7 +26,7 @@ class FirstCome:
   def pairs(self) -> tuple[dict[int, int], dict[int, int]]:
     """`(first come, planned)`: {leaf: output} of `jax.jit`'s pairing and of the plan."""
     if self._pairs is None:
-      fcfs = _pairing.fcfs_pairs(self.leaves, self.plan.outputs, self.jax_donated)
+      fcfs = _keys.fcfs_pairs(self.leaves, self.plan.outputs, self.jax_donated)
       self._pairs = fcfs, self.plan.pairs()
     return self._pairs
 

@@ -44,7 +44,7 @@ class Kind(enum.StrEnum):
   value is never consumed.
 
   >>> import jax.numpy as jnp, donate
-  >>> plan = donate.jit(lambda a, s: a * s, donate_argnums=(0, 1)).plan(jnp.ones(4), 2.0)
+  >>> plan = donate.jit(lambda a, s: a * s, donate_argnums=0).plan(jnp.ones(4), 2.0)
   >>> [d.info.kind for d in plan.decisions] == [donate.Kind.DEVICE, donate.Kind.HOST]
   True
   """

@@ -63,7 +63,7 @@ class LeafInfo:
   kind: Kind
   type_name: str
   sharding_obj: Any = dataclasses.field(default=None, compare=False)
-  group_kind: str | None = None  # the memory kind jax.jit pairs by (see _pairing.grouped)
+  group_kind: str | None = None  # the memory kind jax.jit pairs by (see keys.grouped)
 
   @property
   def is_array(self) -> bool:
@@ -81,7 +81,7 @@ class OutputInfo:
   dtype: str
   nbytes: int
   sharding_obj: Any = dataclasses.field(default=None, compare=False)
-  group_kind: str | None = None  # the memory kind jax.jit pairs by (see _pairing.grouped)
+  group_kind: str | None = None  # the memory kind jax.jit pairs by (see keys.grouped)
 
 
 @fast_init

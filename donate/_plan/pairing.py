@@ -7,7 +7,9 @@ decides, for every input leaf, whether it is donated and which output reuses its
    in-function annotations, inner `jax.jit` donation when adopted) and check the annotations
    (inputs aliased to each other, one source aliased into two outputs);
 2. set aside what cannot be donated, as `jax.jit` does: host values (numpy arrays, Python scalars)
-   are not device buffers, and inputs the computation never reads are left alone;
+   are not device buffers (the program donates their copies on the device, as `jax.jit` does, and
+   one no output can reuse is warned about), and inputs the computation never reads are left
+   alone;
 3. pair outputs with donated inputs as `jax.jit` keys them (shape, dtype, sharding, memory kind),
    strongest dataflow first (explicit `alias`, an input returned as is, an in-place update, a loop
    carry, an elementwise update, then any free output): `(b.at[0].set(1), a + 1)` pairs b, a;
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ from donate._plan.donation_plan import (
   LeafInfo,
   OutputInfo,
 )
+from donate._plan.keys import compatible, fcfs_pairs, grouped, key, shard_size
 
 # Why a paired leaf is aliased, by the strength of its dataflow link to the output.
 _STRENGTH = {
@@ -62,63 +64,6 @@ JAX_DISABLED = (
   "not donated: jax_debug_nans is on, and JAX donates nothing then (it may rerun "
   "the function de-optimized on the same inputs)"
 )
-
-
-def _key(x) -> tuple:
-  """How `jax.jit` groups inputs and outputs for aliasing: the aval without weak type (shape and
-  dtype) and, when every input and output has one, the memory kind (`grouped`)."""
-  return (tuple(x.shape), x.dtype, x.group_kind)
-
-
-def grouped(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo]):
-  """`(leaves, outputs)` with `group_kind` set as `jax.jit` keys donations
-  (`mlir._set_up_aliases`): by memory kind only when every argument and result has one.
-
-  >>> leaf = LeafInfo("a", (4,), "float32", 16, "cpu:0", None, Kind.DEVICE, "ArrayImpl")
-  >>> grouped([leaf], [OutputInfo("out", (4,), "float32", 16)])[0][0].group_kind is None
-  True
-  """
-  if any(o.sharding_obj is None for o in outputs):  # an output without one: no memory kind
-    return list(leaves), list(outputs)
-  both: list[Any] = [*leaves, *outputs]
-  kinds = [getattr(x.sharding_obj, "memory_kind", None) for x in both]
-  if any(k is None for k in kinds) or len(set(kinds)) == 1:
-    return list(leaves), list(outputs)  # one memory kind everywhere: it separates nothing
-  n = len(leaves)
-  return (
-    [dataclasses.replace(leaf, group_kind=k) for leaf, k in zip(leaves, kinds[:n])],
-    [dataclasses.replace(o, group_kind=k) for o, k in zip(outputs, kinds[n:])],
-  )
-
-
-def _size(x) -> int:
-  """Elements per device: what `jax.jit` compares when it offers a donor."""
-  shape = tuple(x.shape)
-  sharding = x.sharding_obj
-  if sharding is not None and hasattr(sharding, "shard_shape"):
-    try:
-      shape = tuple(sharding.shard_shape(shape))
-    except Exception:  # a sharding that does not fit the shape: jax.jit reports that itself
-      pass
-  return math.prod(shape)  # an expression of the dimension variables when shapes are symbolic
-
-
-def _compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
-  """Whether the output can live in the leaf's buffer: same key, and same layout across devices
-  when both shardings are known."""
-  if leaf.dtype != out.dtype or tuple(leaf.shape) != tuple(out.shape):  # `_key`, field by field
-    return False
-  if leaf.group_kind != out.group_kind:
-    return False
-  a, b = leaf.sharding_obj, out.sharding_obj
-  if a is None or b is None:
-    return True
-  if getattr(a, "memory_kind", None) != getattr(b, "memory_kind", None):
-    return False
-  try:
-    return bool(a.is_equivalent_to(b, len(leaf.shape)))
-  except Exception:  # different device sets or sharding kinds that cannot be compared
-    return False
 
 
 def _check(
@@ -205,7 +150,7 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     if flow.out_explicit[j]:
       sources = {**sources, **dict.fromkeys(flow.out_explicit[j], dataflow.EXPLICIT)}
     ok = [(i, s) for i, s in sources.items() if s > 0 and i in donated_set]
-    candidates.append([(i, s) for i, s in ok if _compatible(leaves[i], out)])
+    candidates.append([(i, s) for i, s in ok if compatible(leaves[i], out)])
   links = collections.Counter(i for c in candidates for i, _ in c)
   linked = []
   for j, found in enumerate(candidates):
@@ -224,12 +169,12 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
       taken.add(j)
   free = collections.defaultdict(list)
   for i in sorted(donated_set.difference(pairs)):
-    free[_key(leaves[i])].append(i)
+    free[key(leaves[i])].append(i)
   for j, out in enumerate(outputs if free else ()):
-    queue = free.get(_key(out))
+    queue = free.get(key(out))
     if j in taken or not queue or (xla_decides and out.sharding_obj is None):
       continue
-    fits = (k for k, i in enumerate(queue) if _compatible(leaves[i], out))
+    fits = (k for k, i in enumerate(queue) if compatible(leaves[i], out))
     k = next((k for k in fits if len(queue) == 1 or flow.can_host(queue[k], j)), None)
     if k is not None:
       pairs[queue.pop(k)] = (j, 0)
@@ -242,32 +187,9 @@ def _first_come(leaves, outputs, donated, flow):
   lowering runs a call."""
   pairs = {}
   for i, j in fcfs_pairs(leaves, outputs, donated).items():
-    if _compatible(leaves[i], outputs[j]):
+    if compatible(leaves[i], outputs[j]):
       strength = flow.out_sources[j].get(i, 0) if j < len(flow.out_sources) else 0
       pairs[i] = (j, dataflow.EXPLICIT if i in flow.out_explicit[j] else strength)
-  return pairs
-
-
-def fcfs_pairs(
-  leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo], donated: Sequence[int]
-) -> dict[int, int]:
-  """What `jax.jit` pairs on one device: each output, in order, takes the first donated input of
-  its shape and dtype not yet taken. Returns {leaf: output}.
-
-  >>> leaf = lambda p: LeafInfo(p, (4,), "float32", 16, "cpu:0", None, Kind.DEVICE, "ArrayImpl")
-  >>> out = lambda p: OutputInfo(p, (4,), "float32", 16)
-  >>> fcfs_pairs([leaf("a"), leaf("b")], [out("out[0]"), out("out[1]")], [0, 1])
-  {0: 0, 1: 1}
-  """
-  leaves, outputs = grouped(leaves, outputs)
-  queues: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
-  for i in sorted(donated):
-    queues[_key(leaves[i])].append(i)
-  pairs = {}
-  for j, out in enumerate(outputs):
-    queue = queues.get(_key(out))
-    if queue:
-      pairs[queue.popleft()] = j
   return pairs
 
 
@@ -284,11 +206,11 @@ def _donors(leaves, outputs, donated, pairs, xla_decides: bool = False) -> dict[
   paired_outs = {j for j, _ in pairs.values()}
   for j, o in enumerate(outputs):
     if j not in paired_outs:
-      free[_size(o)].append(j)
+      free[shard_size(o)].append(j)
   donor_out = {}
   for i in donated:
-    if i not in pairs and free[_size(leaves[i])]:
-      donor_out[i] = free[_size(leaves[i])].popleft()
+    if i not in pairs and free[shard_size(leaves[i])]:
+      donor_out[i] = free[shard_size(leaves[i])].popleft()
   return donor_out
 
 
@@ -300,9 +222,9 @@ def _layout(pairs, donor_out) -> Layout:
 def _unusable_reason(leaf, outputs, pairs, leaves) -> tuple[Cause, str]:
   """Why no output can reuse a donated leaf: the cause, and the nearest output in words."""
   taken = {j: i for i, (j, _) in pairs.items()}
-  same = [j for j, o in enumerate(outputs) if _key(o) == _key(leaf)]
+  same = [j for j, o in enumerate(outputs) if key(o) == key(leaf)]
   if same:
-    usable = [j for j in same if _compatible(leaf, outputs[j])]
+    usable = [j for j in same if compatible(leaf, outputs[j])]
     if not usable:
       o = outputs[same[0]]
       inside, outside = sharding_text(leaf.sharding_obj), sharding_text(o.sharding_obj)
@@ -409,6 +331,28 @@ def _with_refs(decisions, leaves, outputs, used, donated, xla_decides: bool, dis
   return tuple(out)
 
 
+def _with_hosts(decisions, leaves, outputs, hosts, taken, pairs):
+  """The decisions with each of `hosts` (requested host values the computation reads: numpy
+  arrays, Python or numpy scalars) that no output can reuse made unusable, so that it is warned
+  about as `jax.jit` warns: `jax.jit` donates the value's copy on the device, and so does the
+  program (a buffer donor, `signature.Prepared._alias_plan`), which XLA can reuse only for an
+  output of its size left free (not in `taken`: the pairs and donors). The value itself is never
+  consumed; its cause stays `NOT_A_DEVICE_BUFFER` (strict mode refuses it by that cause)."""
+  free = collections.Counter(shard_size(o) for j, o in enumerate(outputs) if j not in taken)
+  out = list(decisions)
+  for i in hosts:
+    if free[shard_size(leaves[i])] > 0:
+      free[shard_size(leaves[i])] -= 1
+      continue
+    _, why = _unusable_reason(leaves[i], outputs, pairs, leaves)
+    reason = (
+      f"not a device buffer ({leaves[i].type_name}); its copy on the device is donated, as "
+      f"by jax.jit, and {why}"
+    )
+    out[i] = dataclasses.replace(out[i], action=Action.UNUSABLE, reason=reason)  # same cause
+  return tuple(out)
+
+
 def _ref_donors(leaves, outputs, donated, xla_decides: bool, refs) -> set[int]:
   """The requested refs `jax.jit` offers XLA as buffer donors (`mlir._set_up_aliases`): after
   its first come, first served aliases, each donated input left over (refs among them, in
@@ -417,11 +361,11 @@ def _ref_donors(leaves, outputs, donated, xla_decides: bool, refs) -> set[int]:
     return set()
   fcfs = fcfs_pairs(leaves, outputs, donated)
   aliased = {j for j in fcfs.values() if not xla_decides or outputs[j].sharding_obj is not None}
-  free = collections.Counter(_size(o) for j, o in enumerate(outputs) if j not in aliased)
+  free = collections.Counter(shard_size(o) for j, o in enumerate(outputs) if j not in aliased)
   rejected = set()
   for i in sorted(set(donated).difference(fcfs).union(refs)):
-    if free[_size(leaves[i])] > 0:
-      free[_size(leaves[i])] -= 1
+    if free[shard_size(leaves[i])] > 0:
+      free[shard_size(leaves[i])] -= 1
       if i in refs:
         rejected.add(i)
   return rejected
@@ -475,23 +419,32 @@ def make_plan(
   )
   used = [keep_unused or u for u in flow.used]
   donated = [] if disabled else [i for i in sorted(sources) if used[i] and leaves[i].is_array]
+  hosts = (
+    [] if disabled else [i for i in sorted(sources) if used[i] and leaves[i].kind == Kind.HOST]
+  )
+  copies = {}  # host values whose copies jax.jit's own first come, first served pairs take
   if not first_come:
     pairs = _pair(leaves, outputs, donated, flow, xla_decides)
   else:
-    pairs = _first_come(leaves, outputs, donated, flow)
+    pairs = _first_come(leaves, outputs, sorted([*donated, *hosts]), flow)
+    copies = {i: pairs.pop(i) for i in hosts if i in pairs}
     notes.append(
       f"dataflow pairing not applied: {first_come}; outputs reuse donated buffers "
       "first come, first served"
     )
   explicit = set().union(*flow.out_explicit) if flow.out_explicit else set()
   rest = [i for i in donated if i not in explicit]
-  donor_out = _donors(leaves, outputs, rest, pairs, xla_decides)
+  both = {**pairs, **copies}
+  donor_out = _donors(leaves, outputs, rest, both, xla_decides)
   layout = _layout(pairs, donor_out)
   decisions = tuple(
     _disabled(leaf, sources[i])
     if disabled and sources.get(i) and leaf.is_array
-    else _decide(i, leaf, sources.get(i), used[i], pairs, donor_out, outputs, leaves, ignored)
+    else _decide(i, leaf, sources.get(i), used[i], both, donor_out, outputs, leaves, ignored)
     for i, leaf in enumerate(leaves)
   )
+  taken = {j for j, _ in both.values()} | {j for j in donor_out.values() if j is not None}
+  decisions = _with_hosts(decisions, leaves, outputs, [i for i in hosts if i not in copies],
+                          taken, both)  # fmt: skip
   decisions = _with_refs(decisions, leaves, outputs, used, donated, xla_decides, bool(disabled))
   return DonationPlan(function, decisions, tuple(outputs), tuple(notes), layout)

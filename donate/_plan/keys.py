@@ -1,0 +1,99 @@
+"""How `jax.jit` matches donated inputs with outputs (`mlir._set_up_aliases`), for the planner.
+
+An input and an output match by their aval without weak type (shape and dtype) and, when every
+input and output has one, their memory kind (`key`, `grouped`); an output can live in an input's
+buffer only when their layouts across devices agree too (`compatible`). `jax.jit` pairs each
+output, in order, with the first donated input of its key (`fcfs_pairs`), and offers a leftover
+input to XLA as a buffer donor for an output with as many elements per device (`shard_size`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from donate._plan.decision_types import Kind  # noqa: F401 (the doctests build leaves)
+from donate._plan.donation_plan import LeafInfo, OutputInfo
+
+
+def key(x) -> tuple:
+  """How `jax.jit` groups inputs and outputs for aliasing: the aval without weak type (shape and
+  dtype) and, when every input and output has one, the memory kind (`grouped`)."""
+  return (tuple(x.shape), x.dtype, x.group_kind)
+
+
+def grouped(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo]):
+  """`(leaves, outputs)` with `group_kind` set as `jax.jit` keys donations
+  (`mlir._set_up_aliases`): by memory kind only when every argument and result has one.
+
+  >>> leaf = LeafInfo("a", (4,), "float32", 16, "cpu:0", None, Kind.DEVICE, "ArrayImpl")
+  >>> grouped([leaf], [OutputInfo("out", (4,), "float32", 16)])[0][0].group_kind is None
+  True
+  """
+  if any(o.sharding_obj is None for o in outputs):  # an output without one: no memory kind
+    return list(leaves), list(outputs)
+  both: list[Any] = [*leaves, *outputs]
+  kinds = [getattr(x.sharding_obj, "memory_kind", None) for x in both]
+  if any(k is None for k in kinds) or len(set(kinds)) == 1:
+    return list(leaves), list(outputs)  # one memory kind everywhere: it separates nothing
+  n = len(leaves)
+  return (
+    [dataclasses.replace(leaf, group_kind=k) for leaf, k in zip(leaves, kinds[:n])],
+    [dataclasses.replace(o, group_kind=k) for o, k in zip(outputs, kinds[n:])],
+  )
+
+
+def shard_size(x) -> int:
+  """Elements per device: what `jax.jit` compares when it offers a donor."""
+  shape = tuple(x.shape)
+  sharding = x.sharding_obj
+  if sharding is not None and hasattr(sharding, "shard_shape"):
+    try:
+      shape = tuple(sharding.shard_shape(shape))
+    except Exception:  # a sharding that does not fit the shape: jax.jit reports that itself
+      pass
+  return math.prod(shape)  # an expression of the dimension variables when shapes are symbolic
+
+
+def compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
+  """Whether the output can live in the leaf's buffer: same key, and same layout across devices
+  when both shardings are known."""
+  if leaf.dtype != out.dtype or tuple(leaf.shape) != tuple(out.shape):  # `_key`, field by field
+    return False
+  if leaf.group_kind != out.group_kind:
+    return False
+  a, b = leaf.sharding_obj, out.sharding_obj
+  if a is None or b is None:
+    return True
+  if getattr(a, "memory_kind", None) != getattr(b, "memory_kind", None):
+    return False
+  try:
+    return bool(a.is_equivalent_to(b, len(leaf.shape)))
+  except Exception:  # different device sets or sharding kinds that cannot be compared
+    return False
+
+
+def fcfs_pairs(
+  leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo], donated: Sequence[int]
+) -> dict[int, int]:
+  """What `jax.jit` pairs on one device: each output, in order, takes the first donated input of
+  its shape and dtype not yet taken. Returns {leaf: output}.
+
+  >>> leaf = lambda p: LeafInfo(p, (4,), "float32", 16, "cpu:0", None, Kind.DEVICE, "ArrayImpl")
+  >>> out = lambda p: OutputInfo(p, (4,), "float32", 16)
+  >>> fcfs_pairs([leaf("a"), leaf("b")], [out("out[0]"), out("out[1]")], [0, 1])
+  {0: 0, 1: 1}
+  """
+  leaves, outputs = grouped(leaves, outputs)
+  queues: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
+  for i in sorted(donated):
+    queues[key(leaves[i])].append(i)
+  pairs = {}
+  for j, out in enumerate(outputs):
+    queue = queues.get(key(out))
+    if queue:
+      pairs[queue.popleft()] = j
+  return pairs
