@@ -331,13 +331,16 @@ def _with_refs(decisions, leaves, outputs, used, donated, xla_decides: bool, dis
   return tuple(out)
 
 
-def _with_hosts(decisions, leaves, outputs, hosts, taken, pairs):
+def _with_hosts(decisions, leaves, outputs, hosts, pairs, donor_out):
   """The decisions with each of `hosts` (requested host values the computation reads: numpy
   arrays, Python or numpy scalars) that no output can reuse made unusable, so that it is warned
   about as `jax.jit` warns: `jax.jit` donates the value's copy on the device, and so does the
   program (a buffer donor, `signature.Prepared._alias_plan`), which XLA can reuse only for an
-  output of its size left free (not in `taken`: the pairs and donors). The value itself is never
-  consumed; its cause stays `NOT_A_DEVICE_BUFFER` (strict mode refuses it by that cause)."""
+  output of its size that the pairs and donors left free. The value itself is never consumed;
+  its cause stays `NOT_A_DEVICE_BUFFER` (strict mode refuses it by that cause)."""
+  if not hosts:
+    return decisions
+  taken = {j for j, _ in pairs.values()} | {j for j in donor_out.values() if j is not None}
   free = collections.Counter(shard_size(o) for j, o in enumerate(outputs) if j not in taken)
   out = list(decisions)
   for i in hosts:
@@ -434,7 +437,7 @@ def make_plan(
     )
   explicit = set().union(*flow.out_explicit) if flow.out_explicit else set()
   rest = [i for i in donated if i not in explicit]
-  both = {**pairs, **copies}
+  both = {**pairs, **copies} if copies else pairs
   donor_out = _donors(leaves, outputs, rest, both, xla_decides)
   layout = _layout(pairs, donor_out)
   decisions = tuple(
@@ -443,8 +446,7 @@ def make_plan(
     else _decide(i, leaf, sources.get(i), used[i], both, donor_out, outputs, leaves, ignored)
     for i, leaf in enumerate(leaves)
   )
-  taken = {j for j, _ in both.values()} | {j for j in donor_out.values() if j is not None}
   decisions = _with_hosts(decisions, leaves, outputs, [i for i in hosts if i not in copies],
-                          taken, both)  # fmt: skip
+                          both, donor_out)  # fmt: skip
   decisions = _with_refs(decisions, leaves, outputs, used, donated, xla_decides, bool(disabled))
   return DonationPlan(function, decisions, tuple(outputs), tuple(notes), layout)
