@@ -4,8 +4,8 @@ Maintainer tool behind `scripts/jax_suite.sh` (never run in CI). Reads JAX's tes
 `jax.jit` (`TEST_FILES`: api, pjit, export, mutable_array, layout, shard_map, memories, array,
 debugging_primitives, and those of the executable's serialization and caches and of effects: aot,
 compilation_cache, cache_key, multi_device, jaxpr_effects, x64_context, checkify) of a jax-ml/jax
-git checkout at a tag and writes them to OUT_DIR, with a
-`pytest.ini` carrying the checkout's own pytest settings (warnings are errors, as in JAX's CI).
+git checkout at a tag and writes them to OUT_DIR, with a `pytest.ini` carrying the checkout's own
+pytest settings (warnings are errors, as in JAX's CI).
 
 The rewrite works on the syntax tree and replaces, in place, each reference to JAX's jit:
 `jax.jit` (decorator, call, `partial(jax.jit, ...)`), `api.jit` where `api` is `jax._src.api`,
@@ -32,8 +32,8 @@ import tomllib
 from pathlib import Path
 from xml.etree import ElementTree
 
-# The files that exercise `jax.jit` (issue 21 names the first nine); `write` copies all, the shell script runs
-# api_test.py and pjit_test.py unless test files are named.
+# The files that exercise `jax.jit` (issue 21 names the first nine); `write` copies all, the shell
+# script runs api_test.py and pjit_test.py unless test files are named.
 TEST_FILES = tuple(f"tests/{name}_test.py" for name in (
     "api", "pjit", "export", "mutable_array", "layout", "shard_map", "memories", "array",
     "debugging_primitives", "aot", "compilation_cache", "cache_key", "multi_device",

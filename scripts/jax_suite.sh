@@ -4,7 +4,8 @@
 # memories, array, debugging_primitives, aot, compilation_cache, cache_key, multi_device,
 # jaxpr_effects, x64_context, checkify; api and pjit unless files are named) of a jax-ml/jax
 # checkout at the installed jax's tag (jax-vX.Y.Z), rewrites every jax.jit in them to donate.jit
-# (scripts/jax_suite.py) into a temporary folder, and runs them with pytest under JAX's own pytest settings (warnings are errors).
+# (scripts/jax_suite.py) into a temporary folder, and runs them with pytest under JAX's own pytest
+# settings (warnings are errors).
 #
 # Usage: bash scripts/jax_suite.sh JAX_CHECKOUT [--plain | --self-check | --compare] [--keep] [pytest args]
 #   JAX_CHECKOUT  a clone or a bare git dir of jax-ml/jax that has the tag
@@ -21,7 +22,7 @@
 # defaults to 8 (pjit_test.py asks for 8 CPU devices).
 set -euo pipefail
 if [ $# -lt 1 ]; then
-  sed -n '2,21p' "$0" >&2
+  sed -n '2,22p' "$0" >&2
   exit 2
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -61,7 +61,7 @@ def shard_size(x) -> int:
 def compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
   """Whether the output can live in the leaf's buffer: same key, and same layout across devices
   when both shardings are known."""
-  if leaf.dtype != out.dtype or tuple(leaf.shape) != tuple(out.shape):  # `_key`, field by field
+  if leaf.dtype != out.dtype or tuple(leaf.shape) != tuple(out.shape):  # `key`, field by field
     return False
   if leaf.group_kind != out.group_kind:
     return False

@@ -344,8 +344,7 @@ def _with_hosts(decisions, leaves, outputs, hosts, pairs, donor_out):
   free = collections.Counter(shard_size(o) for j, o in enumerate(outputs) if j not in taken)
   out = list(decisions)
   for i in hosts:
-    if free[shard_size(leaves[i])] > 0:
-      free[shard_size(leaves[i])] -= 1
+    if _claim(free, leaves[i]):
       continue
     _, why = _unusable_reason(leaves[i], outputs, pairs, leaves)
     reason = (
@@ -367,11 +366,19 @@ def _ref_donors(leaves, outputs, donated, xla_decides: bool, refs) -> set[int]:
   free = collections.Counter(shard_size(o) for j, o in enumerate(outputs) if j not in aliased)
   rejected = set()
   for i in sorted(set(donated).difference(fcfs).union(refs)):
-    if free[shard_size(leaves[i])] > 0:
-      free[shard_size(leaves[i])] -= 1
-      if i in refs:
-        rejected.add(i)
+    if _claim(free, leaves[i]) and i in refs:
+      rejected.add(i)
   return rejected
+
+
+def _claim(free: collections.Counter, leaf) -> bool:
+  """Takes one of the free outputs of the leaf's size (`free`: how many per size), if any is left:
+  `jax.jit`'s second chance, a buffer donor."""
+  size = shard_size(leaf)
+  if free[size] > 0:
+    free[size] -= 1
+    return True
+  return False
 
 
 def _disabled(leaf, source) -> LeafDecision:
