@@ -145,6 +145,42 @@ def test_jit_of_the_same_function_again_reuses_the_compiled_program(jit):
   assert len(traces) == 1
 
 
+def test_a_function_that_donates_nothing_shares_jax_jits_trace_cache():
+  # jax.eval_shape(f) and then jax.jit(f) trace f once (JAX's test_eval_shape_trace_cache_share);
+  # so does donate.jit(f) when it donates no argument: it traces as jax.jit(f) itself.
+  def traced_once_after_eval_shape(jit):
+    traces = []
+
+    def f(x):
+      traces.append(1)
+      return x * 2
+
+    x = fresh()
+    jax.eval_shape(f, x)
+    np.testing.assert_array_equal(jit(f)(x), np.full(8, 2.0))
+    np.testing.assert_array_equal(jit(f)(fresh()), np.full(8, 2.0))
+    return len(traces), jit(f).trace_count if jit is donate.jit else 1
+
+  assert traced_once_after_eval_shape(jax.jit) == (1, 1)
+  assert traced_once_after_eval_shape(donate.jit) == (1, 1)
+
+
+def test_a_shared_trace_lends_no_donation_to_the_users_own_jax_jit():
+  # donate.jit(h), donating nothing, traces h as jax.jit(h); the user's jax.jit(h,
+  # donate_argnums=0) nested in a donate.jit stays a plain inner jit: its donation is ignored
+  # unless adopt_inner_donation, as without donate.jit(h) before it.
+  def h(b):
+    return b * 2
+
+  donate.jit(h)(fresh())
+  inner = jax.jit(h, donate_argnums=0)
+  g = donate.jit(lambda a: inner(a) + 1)
+  a = fresh()
+  np.testing.assert_array_equal(g(a), np.full(8, 3.0))
+  assert not a.is_deleted()
+  assert g.plan(a).decisions[0].action == "kept"
+
+
 def test_the_wrapped_function_keeps_jax_jit_attributes():
   def documented(x):
     """Doubles x."""

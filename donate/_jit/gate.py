@@ -4,7 +4,8 @@
 a donate slow path holds its `Gate` open; any other trace (a signature donate has not planned, a
 cache eviction, a config change) raises `Replan` before the user's code runs, and the call falls
 back to donate's slow path. One `Gated` per user function, held weakly, lets every `donate.jit`
-of that function share `jax.jit`'s global caches.
+of that function share `jax.jit`'s global caches. (A `donate.jit` that donates no argument traces
+the function itself, as `jax.jit(fun)`; its `Gated` keys its dispatch and counts its traces.)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Gated:
       self.strong = True
     self.gate = Gate()
     self.trace_count = 0  # how many times the user function was traced (for tests)
+    self._traced: weakref.WeakSet = weakref.WeakSet()  # jaxprs `count_trace` has seen
     self._stand_ins: dict[str, StandIn] = {}
     for name in ("__module__", "__name__", "__qualname__", "__doc__"):
       if hasattr(fun, name):
@@ -72,6 +74,14 @@ class Gated:
       raise Replan()
     self.trace_count += 1
     return self._ref()(*args, **kwargs)
+
+  def count_trace(self, closed_jaxpr) -> None:
+    """Counts a trace of the function itself (`jax.jit(fun)`, not this stand-in): a jaxpr not
+    seen before (JAX's trace cache gives the same object again)."""
+    with _GATED_LOCK:
+      if closed_jaxpr not in self._traced:
+        self._traced.add(closed_jaxpr)
+        self.trace_count += 1
 
   def stand_in(self, options_key: str) -> StandIn:
     """The function donate's dispatch of this function is keyed by, for options `options_key`."""

@@ -9,7 +9,8 @@ gate's (`_dispatch_for`): a call that matches an entry runs that entry's program
 (a new signature, another default device or jit-keyed config) plans first (`JitWrapped._miss`),
 and the planned program's run makes the entry. The gate's traced functions raise `_gate.Replan`
 unless donate opened them, and the gate's own dispatch runs nothing: a signature donate has not
-planned never runs unplanned.
+planned never runs unplanned. A function that donates no argument traces as `jax.jit(fun)` itself
+(`_gated_jit`), sharing JAX's trace cache with `jax.jit(fun)` and `jax.eval_shape(fun)`.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class JitWrapped:
     try:
       self._plain = _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
       self._gated = _gate.gated_for(fun)
-      jitted = _compat.jax_jit(self._gated, **argnums, **options.jit_kwargs)
+      self._traces_plain = not any(_compat.jit_argnums(self._plain)[2:])
+      jitted = _gated_jit(self, argnums, options)
     except (ValueError, TypeError) as e:
       raise _keyword_error(name, fun, e, options.jit_kwargs) from e
     self._fn = _signature.Function(
@@ -168,7 +170,10 @@ class JitWrapped:
       return self._plain.trace(*args, **kwargs)
     with self._fn.gate:  # tracing lowers nothing: JAX's unusable-donation warning is not due
       traced = self._fn.jitted.trace(*args, **kwargs)
-    remember_donate_jit(traced.jaxpr)
+    if self._traces_plain:
+      self._gated.count_trace(traced.jaxpr)
+    else:
+      remember_donate_jit(traced.jaxpr)
     return traced
 
   # ---- public ----------------------------------------------------------------------------------
@@ -238,6 +243,18 @@ class JitWrapped:
 
   def __reduce__(self):
     return (_restore, (self._fn.fun, self._fn.options.keywords()))
+
+
+def _gated_jit(wrapped: JitWrapped, argnums: dict, options: _options.Options):
+  """The `jax.jit` donate traces, lowers and runs through: of the gated stand-in, or, for a
+  function that donates no argument, `jax.jit(fun)` itself (`_plain`). That one shares JAX's
+  trace cache with `jax.jit(fun)` and `jax.eval_shape(fun)`, as every `jax.jit` of a function
+  does: there is no donation whose warning a shared lowering could lose, nor one a shared jaxpr
+  could lend to the user's own `jax.jit(fun, donate_argnums=...)` (`remember_donate_jit`).
+  donate's own dispatch still runs only what donate planned."""
+  if wrapped._traces_plain:
+    return wrapped._plain
+  return _compat.jax_jit(wrapped._gated, **argnums, **options.jit_kwargs)
 
 
 def _restore(fun, kwargs):
