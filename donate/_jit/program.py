@@ -130,12 +130,15 @@ def _check_unusable(program: Program, planned: _donation_plan.DonationPlan, warn
   """Raises for an explicit alias XLA did not make (or, in strict mode, any donation unusable
   after compiling that was not before); says planned aliases the program does not have, once per
   signature (`warn_late`), as lowering says the unusable donations it foresaw (a donor XLA did
-  not reuse is silent, as in jax.jit)."""
+  not reuse is silent, as in jax.jit, and so is `jax.jit`'s own program, whose first-come pairs
+  over several devices with an output sharding not given are donors only)."""
   plan = program.plan
   explicit = [d for d in plan.unusable if d.request == Request.ALIAS]
   strict = program.prep.fn.options.strict_unusable
   if explicit or (strict and len(plan.unusable) > len(planned.unusable)):
     raise _errors.DonationError("donate: " + plan.explain_unusable(explicit or None))
+  if program.prep.jax_own:  # jax.jit's own lowering: it warned, or not, at lowering (as JAX does)
+    return
   pairs = zip(plan.decisions, planned.decisions)
   late = [d for d, was in pairs if d.action == Action.UNUSABLE and was.action == Action.ALIASED]
   if late and warn_late:

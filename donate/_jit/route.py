@@ -132,6 +132,29 @@ def pinned_out_shardings(plan, leaves, out_sh) -> tuple:
   return tuple(out_sh)
 
 
+def typed_out_sharding(aval, leaves):
+  """The sharding `jax.jit` states at lowering for an output whose `out_shardings` entry was left
+  unspecified, else None (left to propagation).
+
+  An output typed on a mesh with Explicit axes gets its type's sharding over the call's devices
+  (`pxla._concretize_abstract_out_shardings`), unconstrained along the dimensions an Auto axis
+  could shard; a fully stated one is aliased like an output whose sharding was given, never
+  offered to XLA as a mere donor, and a donation no output can take is warned about at lowering.
+  The concrete mesh is that of an argument on the same mesh (None when there is none)."""
+  typed = getattr(aval, "sharding", None)
+  mesh = getattr(typed, "mesh", None)
+  if mesh is None or mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
+    return None
+  if jax.sharding.AxisType.Auto in mesh.axis_types and None in tuple(typed.spec):
+    return None  # an unconstrained dimension: XLA's propagation decides
+  for leaf in leaves:
+    s = leaf.sharding_obj
+    concrete = getattr(s, "mesh", None)
+    if isinstance(concrete, jax.sharding.Mesh) and concrete.abstract_mesh == mesh:
+      return jax.sharding.NamedSharding(concrete, typed.spec)
+  return None
+
+
 def xla_decides(leaves, outputs) -> bool:
   """Whether `jax.jit` offers every donated input to XLA as a donor, to pair after partitioning:
   the program spans several devices and not every output sharding is stated."""

@@ -415,6 +415,8 @@ def _arguments(fn: Function, call: _binding.Call, traced):
     fact = facts.get(key)
     if fact is None:
       fact = facts[key] = (tuple(a.shape), _text.dtype_name(a.dtype), _binding.aval_nbytes(a))
+    if s is None:
+      s = _route.typed_out_sharding(a, leaves)
     outputs.append(_donation_plan.OutputInfo(p, *fact, s))
   return leaves, outputs, in_sh, out_sh, has_layouts
 

@@ -304,7 +304,7 @@ class DonationPlan:
     It starts with `jax.jit`'s own sentence, so warning filters written for `jax.jit` match it.
     """
     unusable = self.unusable if decisions is None else tuple(decisions)
-    avals = ", ".join(f"{_type(d)} ({d.path})" for d in unusable)
+    avals = ", ".join(f"{_jax_type(d)} ({d.path})" for d in unusable)
     lines = [
       f"{_errors.JAX_UNUSABLE_PREFIX} {avals}.",
       f"{self.function}: {len(unusable)} donated buffer(s) cannot be used and stay alive:",
@@ -456,6 +456,24 @@ def _wrap(lines: Sequence[str], indent: str = "    ") -> list[str]:
 
 def _type(d) -> str:
   return f"{d.dtype}[{','.join(map(str, d.shape))}]"
+
+
+def _jax_type(d) -> str:
+  """The leaf's type as `jax.jit`'s warning names it: its aval on one device."""
+  return f"{d.dtype}[{','.join(map(str, shard_shape(d.info)))}]"
+
+
+def shard_shape(x: LeafInfo | OutputInfo) -> tuple:
+  """The shape on one device, as `jax.jit` matches donations (the aval under the argument's or
+  result's sharding, `mlir.sharded_aval`); the whole shape where the sharding is not known."""
+  shape = tuple(x.shape)
+  sharding = x.sharding_obj
+  if sharding is not None and hasattr(sharding, "shard_shape"):
+    try:
+      return tuple(sharding.shard_shape(shape))
+    except Exception:  # a sharding that does not fit the shape: jax.jit reports that itself
+      pass
+  return shape
 
 
 def _differences(d: LeafDecision, out: OutputInfo, out_shardings: dict[str, str] | None) -> str:

@@ -1,10 +1,11 @@
 """How `jax.jit` matches donated inputs with outputs (`mlir._set_up_aliases`), for the planner.
 
-An input and an output match by their aval without weak type (shape and dtype) and, when every
-input and output has one, their memory kind (`key`, `grouped`); an output can live in an input's
-buffer only when their layouts across devices agree too (`compatible`). `jax.jit` pairs each
-output, in order, with the first donated input of its key (`fcfs_pairs`), and offers a leftover
-input to XLA as a buffer donor for an output with as many elements per device (`shard_size`).
+An input and an output match by their aval on one device without weak type (shape and dtype)
+and, when every input and output has one, their memory kind (`key`, `grouped`); an output can
+live in an input's buffer only when their layouts across devices agree too (`compatible`).
+`jax.jit` pairs each output, in order, with the first donated input of its key (`fcfs_pairs`),
+and offers a leftover input to XLA as a buffer donor for an output with as many elements per
+device (`shard_size`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from donate._plan.decision_types import Kind  # noqa: F401 (the doctests build leaves)
-from donate._plan.donation_plan import LeafInfo, OutputInfo
+from donate._plan.donation_plan import LeafInfo, OutputInfo, shard_shape
 
 
-def key(x) -> tuple:
+def key(x, per_device: bool = True) -> tuple:
   """How `jax.jit` groups inputs and outputs for aliasing: the aval without weak type (shape and
-  dtype) and, when every input and output has one, the memory kind (`grouped`)."""
-  return (tuple(x.shape), x.dtype, x.group_kind)
+  dtype; on one device, `shard_shape`, with `per_device`) and, when every input and output has
+  one, the memory kind (`grouped`)."""
+  return (shard_shape(x) if per_device else tuple(x.shape), x.dtype, x.group_kind)
+
+
+def per_device(outputs: Sequence[OutputInfo]) -> bool:
+  """Whether `jax.jit`'s pairs are matched by the avals on one device (`key`): when every
+  output's sharding is stated. Otherwise, over several devices, `jax.jit` offers every donated
+  input to XLA, which pairs them after partitioning by shapes only it knows; the whole shapes
+  stand in for them (on one device the two are the same)."""
+  return all(o.sharding_obj is not None for o in outputs)
 
 
 def grouped(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo]):
@@ -48,14 +58,7 @@ def grouped(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo]):
 
 def shard_size(x) -> int:
   """Elements per device: what `jax.jit` compares when it offers a donor."""
-  shape = tuple(x.shape)
-  sharding = x.sharding_obj
-  if sharding is not None and hasattr(sharding, "shard_shape"):
-    try:
-      shape = tuple(sharding.shard_shape(shape))
-    except Exception:  # a sharding that does not fit the shape: jax.jit reports that itself
-      pass
-  return math.prod(shape)  # an expression of the dimension variables when shapes are symbolic
+  return math.prod(shard_shape(x))  # an expression of the dimension variables when symbolic
 
 
 def compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
@@ -88,12 +91,13 @@ def fcfs_pairs(
   {0: 0, 1: 1}
   """
   leaves, outputs = grouped(leaves, outputs)
+  one = per_device(outputs)
   queues: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
   for i in sorted(donated):
-    queues[key(leaves[i])].append(i)
+    queues[key(leaves[i], one)].append(i)
   pairs = {}
   for j, out in enumerate(outputs):
-    queue = queues.get(key(out))
+    queue = queues.get(key(out, one))
     if queue:
       pairs[queue.popleft()] = j
   return pairs

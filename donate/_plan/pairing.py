@@ -43,7 +43,7 @@ from donate._plan.donation_plan import (
   LeafInfo,
   OutputInfo,
 )
-from donate._plan.keys import compatible, fcfs_pairs, grouped, key, shard_size
+from donate._plan.keys import compatible, fcfs_pairs, grouped, key, per_device, shard_size
 
 # Why a paired leaf is aliased, by the strength of its dataflow link to the output.
 _STRENGTH = {
@@ -167,11 +167,11 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     if i not in pairs and j not in taken:
       pairs[i] = (j, -neg)
       taken.add(j)
-  free = collections.defaultdict(list)
+  free, one = collections.defaultdict(list), per_device(outputs)
   for i in sorted(donated_set.difference(pairs)):
-    free[key(leaves[i])].append(i)
+    free[key(leaves[i], one)].append(i)
   for j, out in enumerate(outputs if free else ()):
-    queue = free.get(key(out))
+    queue = free.get(key(out, one))
     if j in taken or not queue or (xla_decides and out.sharding_obj is None):
       continue
     fits = (k for k, i in enumerate(queue) if compatible(leaves[i], out))
@@ -222,14 +222,24 @@ def _layout(pairs, donor_out) -> Layout:
 def _unusable_reason(leaf, outputs, pairs, leaves) -> tuple[Cause, str]:
   """Why no output can reuse a donated leaf: the cause, and the nearest output in words."""
   taken = {j: i for i, (j, _) in pairs.items()}
-  same = [j for j, o in enumerate(outputs) if key(o) == key(leaf)]
+  whole = (tuple(leaf.shape), leaf.dtype, leaf.group_kind)  # the shapes the user knows
+  same = [j for j, o in enumerate(outputs) if (tuple(o.shape), o.dtype, o.group_kind) == whole]
   if same:
     usable = [j for j in same if compatible(leaf, outputs[j])]
     if not usable:
       o = outputs[same[0]]
       inside, outside = sharding_text(leaf.sharding_obj), sharding_text(o.sharding_obj)
       return Cause.SHARDING_DIFFERS, f"not usable: sharding differs (in {inside}, out {outside})"
-    j = usable[0]
+    sized = [j for j in usable if shard_size(outputs[j]) == shard_size(leaf)]
+    if not sized:  # another size on one device (a host value's copy is whole on each device)
+      o = outputs[usable[0]]
+      return Cause.SHARDING_DIFFERS, (
+        f"output {o.path} has its shape and dtype, but {shard_size(o)} elements on one device "
+        f"against its {shard_size(leaf)}"
+      )
+    j = next((j for j in sized if j in taken), None)
+    if j is None:
+      return Cause.NO_MATCHING_OUTPUT, f"output {outputs[sized[0]].path} is not paired with it"
     return Cause.OUTPUT_TAKEN, (
       f"output {outputs[j].path} has its shape and dtype but already reuses {leaves[taken[j]].path}"
     )
