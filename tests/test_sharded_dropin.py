@@ -128,6 +128,25 @@ def test_a_donor_xla_does_not_reuse_in_jax_jits_own_program_is_silent_as_in_jax_
   assert consumed == (False, True) and said == ()
 
 
+def test_a_donated_python_scalar_offered_to_xla_with_the_rest_is_silent_as_in_jax_jit():
+  mesh, _ = meshes(AxisType.Auto)
+  make = lambda: (2.0, jax.device_put(jnp.ones(N), NamedSharding(mesh, P("x"))))  # noqa: E731
+  _, consumed, said = compare(lambda s, b: (b * s,), make, {"donate_argnums": (0, 1)})
+  assert consumed == (None, True) and said == ()
+
+
+@pytest.mark.parametrize("first", ["numpy", "one device"])
+def test_an_input_the_program_prunes_does_not_place_it_on_several_devices(first):
+  # `b` (sharded over 8 devices) is not read: jax.jit prunes it, the program runs on one device,
+  # and `a`, which no output can take, is warned about (not offered to XLA as a donor).
+  mesh, _ = meshes(AxisType.Auto)
+  a = (lambda: np.ones(N, np.float32)) if first == "numpy" else (lambda: jnp.ones(N))
+  make = lambda: (a(), jax.device_put(jnp.ones(N), NamedSharding(mesh, P("x"))))  # noqa: E731
+  _, consumed, said = compare(FUNS["smaller"][0], make, {"donate_argnums": (0, 1)})
+  assert consumed == ((None if first == "numpy" else False), False)
+  assert said == ("Some donated buffers were not usable: float32[64].",)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stated", [False, True], ids=["unspecified", "stated"])
 @pytest.mark.parametrize("axis", [AxisType.Auto, AxisType.Explicit], ids=["auto", "explicit"])

@@ -334,7 +334,9 @@ def _facts(fn: Function, call: _binding.Call, traced) -> _Facts:
   marked = _symm.mark_required(traced.jaxpr)
   flow = _dataflow.analyze(marked, skip=_compat.traced_num_consts(traced))
   leaves, outputs, in_sh, out_sh, has_layouts = _arguments(fn, call, traced)
-  xla_decides = _route.xla_decides(leaves, outputs)
+  # The devices of the inputs the program keeps (jax.jit prunes the others before it assigns them)
+  kept = leaves if fn.options.keep_unused else [x for x, u in zip(leaves, flow.used) if u]
+  xla_decides = _route.xla_decides(kept, outputs)
   requested = fn.binding.donated_leaves(call)
   return _Facts(fn, traced, marked, flow, leaves, outputs, in_sh, out_sh, has_layouts, requested,
                 xla_decides)  # fmt: skip

@@ -463,7 +463,8 @@ def make_plan(
     else _decide(i, leaf, sources.get(i), used[i], both, donor_out, outputs, leaves, ignored)
     for i, leaf in enumerate(leaves)
   )
-  decisions = _with_hosts(decisions, leaves, outputs, [i for i in hosts if i not in copies],
-                          both, donor_out)  # fmt: skip
+  if not xla_decides:  # else jax.jit offers the host copies to XLA with the rest: never warned
+    decisions = _with_hosts(decisions, leaves, outputs, [i for i in hosts if i not in copies],
+                            both, donor_out)  # fmt: skip
   decisions = _with_refs(decisions, leaves, outputs, used, donated, xla_decides, bool(disabled))
   return DonationPlan(function, decisions, tuple(outputs), tuple(notes), layout)
