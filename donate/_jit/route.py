@@ -147,6 +147,8 @@ def typed_out_sharding(aval, leaves):
     return None
   if jax.sharding.AxisType.Auto in mesh.axis_types and None in tuple(typed.spec):
     return None  # an unconstrained dimension: XLA's propagation decides
+  if getattr(getattr(aval, "memory_space", None), "name", "Device") != "Device":
+    return None  # typed in another memory (its kind is not read here): as if not stated
   for leaf in leaves:
     s = leaf.sharding_obj
     concrete = getattr(s, "mesh", None)
