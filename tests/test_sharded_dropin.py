@@ -54,7 +54,9 @@ def inputs(kind, mesh, mesh2):
 def run(jit, fun, make, kwargs):
   """(outputs as numpy, which inputs were consumed, JAX's sentence of each donation warning), or
   the type of what the call raised (XLA rejects some of `jax.jit`'s own programs)."""
-  f = lambda *a: fun(*a)  # a function of its own: no cache of an earlier case answers
+  def f(*a):  # a function of its own: no cache of an earlier case answers
+    return fun(*a)
+
   args = make()
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
