@@ -4,6 +4,9 @@ facts it was made from."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 
 from donate._base.text import format_bytes
@@ -132,7 +135,23 @@ def pinned_out_shardings(plan, leaves, out_sh) -> tuple:
   return tuple(out_sh)
 
 
-def typed_out_sharding(aval, leaves):
+def concrete_meshes(leaves) -> dict:
+  """{abstract mesh: the concrete mesh of an argument on it}, each sharding object read once (a
+  wide pytree's leaves share one or two)."""
+  meshes: dict = {}
+  seen: set[int] = set()
+  for leaf in leaves:
+    s = leaf.sharding_obj
+    if s is None or id(s) in seen:
+      continue
+    seen.add(id(s))
+    mesh = getattr(s, "mesh", None)
+    if isinstance(mesh, jax.sharding.Mesh):
+      meshes.setdefault(mesh.abstract_mesh, mesh)
+  return meshes
+
+
+def typed_out_sharding(aval, meshes: Callable[[], dict]):
   """The sharding `jax.jit` states at lowering for an output whose `out_shardings` entry was left
   unspecified, else None (left to propagation).
 
@@ -140,8 +159,9 @@ def typed_out_sharding(aval, leaves):
   (`pxla._concretize_abstract_out_shardings`), unconstrained along the dimensions an Auto axis
   could shard; a fully stated one is aliased like an output whose sharding was given, never
   offered to XLA as a mere donor, and a donation no output can take is warned about at lowering.
-  The concrete mesh is that of an argument on the same mesh (None when there is none)."""
-  typed = getattr(aval, "sharding", None)
+  The concrete mesh is that of an argument on the same mesh (`meshes()`, `concrete_meshes` of
+  the call's leaves; None when there is none)."""
+  typed: Any = getattr(aval, "sharding", None)
   mesh = getattr(typed, "mesh", None)
   if mesh is None or mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
     return None
@@ -149,12 +169,8 @@ def typed_out_sharding(aval, leaves):
     return None  # an unconstrained dimension: XLA's propagation decides
   if getattr(getattr(aval, "memory_space", None), "name", "Device") != "Device":
     return None  # typed in another memory (its kind is not read here): as if not stated
-  for leaf in leaves:
-    s = leaf.sharding_obj
-    concrete = getattr(s, "mesh", None)
-    if isinstance(concrete, jax.sharding.Mesh) and concrete.abstract_mesh == mesh:
-      return jax.sharding.NamedSharding(concrete, typed.spec)
-  return None
+  concrete = meshes().get(mesh)
+  return None if concrete is None else jax.sharding.NamedSharding(concrete, typed.spec)
 
 
 def xla_decides(leaves, outputs) -> bool:

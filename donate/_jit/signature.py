@@ -408,6 +408,7 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   out_paths = ["out" + k for k in _binding.key_paths(traced.out_tree, out_avals)]
   # (shape, dtype) -> the output's facts, read once per call
   facts: dict[tuple, tuple[tuple[int, ...], str, int]] = {}
+  meshes = functools.cache(lambda: _route.concrete_meshes(leaves))  # read for typed outputs only
   outputs = []
   for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh):
     if not hasattr(a, "shape"):
@@ -418,7 +419,7 @@ def _arguments(fn: Function, call: _binding.Call, traced):
     if fact is None:
       fact = facts[key] = (tuple(a.shape), _text.dtype_name(a.dtype), _binding.aval_nbytes(a))
     if s is None:
-      s = _route.typed_out_sharding(a, leaves)
+      s = _route.typed_out_sharding(a, meshes)
     outputs.append(_donation_plan.OutputInfo(p, *fact, s))
   return leaves, outputs, in_sh, out_sh, has_layouts
 

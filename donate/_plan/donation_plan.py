@@ -304,7 +304,7 @@ class DonationPlan:
     It starts with `jax.jit`'s own sentence, so warning filters written for `jax.jit` match it.
     """
     unusable = self.unusable if decisions is None else tuple(decisions)
-    avals = ", ".join(f"{_jax_type(d)} ({d.path})" for d in unusable)
+    avals = ", ".join(f"{_type(d, shard_shape(d.info))} ({d.path})" for d in unusable)
     lines = [
       f"{_errors.JAX_UNUSABLE_PREFIX} {avals}.",
       f"{self.function}: {len(unusable)} donated buffer(s) cannot be used and stay alive:",
@@ -454,13 +454,10 @@ def _wrap(lines: Sequence[str], indent: str = "    ") -> list[str]:
   return out
 
 
-def _type(d) -> str:
-  return f"{d.dtype}[{','.join(map(str, d.shape))}]"
-
-
-def _jax_type(d) -> str:
-  """The leaf's type as `jax.jit`'s warning names it: its aval on one device."""
-  return f"{d.dtype}[{','.join(map(str, shard_shape(d.info)))}]"
+def _type(d, shape=None) -> str:
+  """`float32[4,8]`: the leaf's type, or its dtype with `shape` (its shape on one device, as
+  `jax.jit`'s warning names it)."""
+  return f"{d.dtype}[{','.join(map(str, d.shape if shape is None else shape))}]"
 
 
 def shard_shape(x: LeafInfo | OutputInfo) -> tuple:

@@ -222,8 +222,8 @@ def _layout(pairs, donor_out) -> Layout:
 def _unusable_reason(leaf, outputs, pairs, leaves) -> tuple[Cause, str]:
   """Why no output can reuse a donated leaf: the cause, and the nearest output in words."""
   taken = {j: i for i, (j, _) in pairs.items()}
-  whole = (tuple(leaf.shape), leaf.dtype, leaf.group_kind)  # the shapes the user knows
-  same = [j for j, o in enumerate(outputs) if (tuple(o.shape), o.dtype, o.group_kind) == whole]
+  whole = key(leaf, per_device=False)  # the shapes the user knows
+  same = [j for j, o in enumerate(outputs) if key(o, per_device=False) == whole]
   if same:
     usable = [j for j in same if compatible(leaf, outputs[j])]
     if not usable:
