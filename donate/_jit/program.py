@@ -245,3 +245,33 @@ class Signature:
       if compiler_options is None and device_assignment is None:
         self.program, self.prepared, self.lowered = program, program.prep, program.lowered
       return program
+
+
+class Unplanned(Exception):
+  """Raised by `JitWrapped._prepare` for a call donate does not plan: its jaxpr has hijax types
+  (JAX's experimental high-level types: one value lowers to any number of buffers, which the plan's
+  leaves cannot name). It runs, traces and lowers as `jax.jit`'s own (`traced`, JAX's `Traced`)."""
+
+  def __init__(self, traced):
+    super().__init__()
+    self.traced = traced
+
+
+def is_high(traced) -> bool:
+  # `ClosedJaxpr.is_high` (JAX 0.10 and up): no public API says whether a jaxpr has hijax types.
+  return bool(getattr(traced.jaxpr, "is_high", False))
+
+
+def unplanned_error(name: str, traced) -> Exception:
+  """The error of `plan()` for a call whose jaxpr has hijax types (`Unplanned`)."""
+  avals = [*traced.jaxpr.in_avals, *traced.jaxpr.out_avals]
+  high = sorted({type(a).__name__ for a in avals if getattr(a, "is_high", False) is True})
+  return _errors.DonationTypeError(
+    _errors.message(
+      f"donate.jit of {name}: no plan for a call with hijax types ({', '.join(high) or 'boxes'})",
+      expected="arrays, jax.Refs and pytrees of them",
+      got="JAX's experimental high-level types (jax.experimental.hijax); the call, .trace() and "
+      ".lower() run as jax.jit runs them",
+      fix="call the function, or its .trace() or .lower(), without .plan()",
+    )
+  )

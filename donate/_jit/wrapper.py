@@ -15,6 +15,7 @@ planned never runs unplanned. A function that donates no argument traces as `jax
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -64,11 +65,10 @@ class JitWrapped:
     # keeps its type and sentence, and gains the function's name and its parameters.
     names = ("donate_argnums", "donate_argnames")
     argnums = {k: getattr(options, k) for k in names}
+    self._plain_jit: Any = None  # jax.jit(fun) with the same keywords, built where read (_plain)
     try:
-      self._plain = _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
       self._gated = _gate.gated_for(fun)
-      self._traces_plain = not any(_compat.jit_argnums(self._plain)[2:])
-      jitted = _gated_jit(self, argnums, options)
+      jitted, self._traces_plain = _gated_jit(self, fun, argnums, options)
     except (ValueError, TypeError) as e:
       raise _keyword_error(name, fun, e, options.jit_kwargs) from e
     self._fn = _signature.Function(
@@ -80,7 +80,7 @@ class JitWrapped:
     self._into: JitWrapped | None = None
     self._lock = threading.RLock()
     self._plans = _gate.Plans(self, name)  # cleared with JAX's caches (jax.clear_caches())
-    self._dispatch = self._plain if self._plain_only else _dispatch_for(self, jitted)
+    self._dispatch = _plain(self) if self._plain_only else _dispatch_for(self, jitted)
     self._miss_raised = False  # a miss raised: its C++ entry falls back to Python for good
 
   @property
@@ -100,8 +100,9 @@ class JitWrapped:
         raise
       # One array in two places (JAX rejects it when one is donated): name both leaves.
       if _compat.trace_state_clean() and _binding.repeats_an_array(self._fn.binding, args, kwargs):
-        signature, call = self._prepare(args, kwargs)
-        signature.prepared.check_duplicates(call)
+        with contextlib.suppress(_program.Unplanned):  # (hijax types: JAX's own error stands)
+          signature, call = self._prepare(args, kwargs)
+          signature.prepared.check_duplicates(call)
       raise
 
   def _miss(self, args, kwargs) -> tuple:
@@ -109,7 +110,7 @@ class JitWrapped:
     (JAX's own, for the program donate planned) being the entry of the call's signature. Under
     `jax.disable_jit()` the dispatch calls the function itself and never misses."""
     if not _compat.trace_state_clean():
-      return self._nested(args, kwargs), None
+      return _nested(self._fn, args, kwargs), None
     try:
       return self._run_new(args, kwargs)
     except BaseException:
@@ -126,7 +127,11 @@ class JitWrapped:
       except _gate.Replan:  # traced anew (JAX's trace evicted): planned again below
         if program.prep.inner is not None:  # a replay's own dispatch: its C++ entry must go
           _compat.clear_cpp_cache(program.prep.inner.jitted)
-    signature, call = self._prepare(args, kwargs)
+    try:
+      signature, call = self._prepare(args, kwargs)
+    except _program.Unplanned:  # run as jax.jit runs it (JAX keeps no C++ entry for such a call)
+      with self._fn.gate:
+        return self._fn.jit_miss(*args, **kwargs)
     program = signature.runner(call)
     program.check_duplicates(call)
     key, held = self._no_entry.key(call), _binding.held(call.leaves)  # before donation
@@ -136,25 +141,12 @@ class JitWrapped:
       self._no_entry.add(key, held, program)
     return out
 
-  def _nested(self, args, kwargs):
-    """Called inside another trace: run as `jax.jit` would, and record the donation as
-    `donate_buffer` markers so an enclosing `donate.jit` honours it."""
-    binding = self._fn.binding
-    call = binding.bind(args, kwargs)
-    donated = binding.donated_leaves(call)
-    if donated:
-      leaves = [
-        donate_buffer_p.bind(x) if i in donated and isinstance(x, jax.core.Tracer) else x
-        for i, x in enumerate(call.leaves)
-      ]
-      args, kwargs = binding.rebuild(call, args, kwargs, leaves)
-    with self._fn.gate:
-      return self._fn.jitted(*args, **kwargs)
-
   # ---- planning --------------------------------------------------------------------------------
   def _prepare(self, args, kwargs) -> tuple[_program.Signature, _binding.Call]:
     """Traces (through jax.jit) and plans this call; lowers and compiles nothing yet."""
     traced = self._trace(args, kwargs)
+    if _program.is_high(traced):
+      raise _program.Unplanned(traced)
     call = self._fn.binding.bind(args, kwargs)
     key = (id(traced.jaxpr), call.key, tuple(map(_binding.meta_key, call.leaves)))
     with self._lock:
@@ -167,7 +159,7 @@ class JitWrapped:
 
   def _trace(self, args, kwargs):
     if self._plain_only:  # raises, or answers, as jax.jit does
-      return self._plain.trace(*args, **kwargs)
+      return _plain(self).trace(*args, **kwargs)
     with self._fn.gate:  # tracing lowers nothing: JAX's unusable-donation warning is not due
       traced = self._fn.jitted.trace(*args, **kwargs)
     if self._traces_plain:
@@ -184,12 +176,18 @@ class JitWrapped:
     `donate.MemoryProfile`, with what the donations saved at the peak (one more compile, without
     them); a leaf whose donation left the peak high says so in its reason: a temporary of about
     its size live beside it, or a peak not lower than without the donations."""
-    signature, call = self._prepare(args, kwargs)
+    try:
+      signature, call = self._prepare(args, kwargs)
+    except _program.Unplanned as e:
+      raise _program.unplanned_error(self._fn.name, e.traced) from None
     return signature.compile(call, with_profile=True).plan
 
   def trace(self, *args, **kwargs) -> _stages.Traced:
     """Traces for these arguments; a `jax.stages.Traced` with the plan (`.plan`)."""
-    return _stages.Traced(*self._prepare(args, kwargs))
+    try:
+      return _stages.Traced(*self._prepare(args, kwargs))
+    except _program.Unplanned as e:  # hijax types: JAX's own
+      return e.traced
 
   def lower(self, *args, **kwargs) -> _stages.Lowered:
     """Lowers for these arguments (ahead of time), with the plan's aliases and donors; compiles
@@ -236,25 +234,60 @@ class JitWrapped:
     return types.MethodType(self, obj)  # as jax.jit's functions bind to instances
 
   def __repr__(self) -> str:
-    return repr(self._plain)  # as jax.jit's own repr, which handles every odd function
+    return repr(_plain(self))  # as jax.jit's own repr, which handles every odd function
 
   def __getstate__(self):
-    return self._plain.__getstate__()
+    return _plain(self).__getstate__()
 
   def __reduce__(self):
     return (_restore, (self._fn.fun, self._fn.options.keywords()))
 
 
-def _gated_jit(wrapped: JitWrapped, argnums: dict, options: _options.Options):
-  """The `jax.jit` donate traces, lowers and runs through: of the gated stand-in, or, for a
-  function that donates no argument, `jax.jit(fun)` itself (`_plain`). That one shares JAX's
-  trace cache with `jax.jit(fun)` and `jax.eval_shape(fun)`, as every `jax.jit` of a function
-  does: there is no donation whose warning a shared lowering could lose, nor one a shared jaxpr
-  could lend to the user's own `jax.jit(fun, donate_argnums=...)` (`remember_donate_jit`).
-  donate's own dispatch still runs only what donate planned."""
-  if wrapped._traces_plain:
-    return wrapped._plain
-  return _compat.jax_jit(wrapped._gated, **argnums, **options.jit_kwargs)
+def _nested(fn: _signature.Function, args, kwargs):
+  """Called inside another trace: run as `jax.jit` would, and record the donation as
+  `donate_buffer` markers so an enclosing `donate.jit` honours it."""
+  binding = fn.binding
+  call = binding.bind(args, kwargs)
+  donated = binding.donated_leaves(call)
+  if donated:
+    leaves = [
+      donate_buffer_p.bind(x) if i in donated and isinstance(x, jax.core.Tracer) else x
+      for i, x in enumerate(call.leaves)
+    ]
+    args, kwargs = binding.rebuild(call, args, kwargs, leaves)
+  with fn.gate:
+    return fn.jitted(*args, **kwargs)
+
+
+def _gated_jit(wrapped: JitWrapped, fun, argnums: dict, options: _options.Options):
+  """`(jitted, plain)`: the `jax.jit` donate traces, lowers and runs through, and whether it is
+  `jax.jit(fun)` itself (`_plain`, for a function that donates no argument; else a `jax.jit` of
+  the gated stand-in). The plain one shares JAX's trace cache with `jax.jit(fun)` and
+  `jax.eval_shape(fun)`, as every `jax.jit` of a function does: there is no donation whose warning
+  a shared lowering could lose, nor one a shared jaxpr could lend to the user's own
+  `jax.jit(fun, donate_argnums=...)` (`remember_donate_jit`). donate's own dispatch still runs
+  only what donate planned. Only the one needed is built (`_plain` is otherwise built where it
+  is read); either validates the keywords as `jax.jit(fun)` does (the stand-in has the
+  function's signature)."""
+  if all(v is None or v == () for v in argnums.values()):
+    jitted = wrapped._plain_jit = _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
+  else:
+    jitted = _compat.jax_jit(wrapped._gated, **argnums, **options.jit_kwargs)
+  if any(_compat.jit_argnums(jitted)[2:]):
+    return jitted, False
+  if wrapped._plain_jit is None:  # names that resolve to no argument (a function of **kwargs)
+    wrapped._plain_jit = _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
+  return wrapped._plain_jit, True
+
+
+def _plain(wrapped: JitWrapped):
+  """`jax.jit(fun)` with the user's keywords, built where it is first read (a function that
+  donates nothing runs through it; `repr` and pickling read it)."""
+  if wrapped._plain_jit is None:
+    o = wrapped._fn.options
+    argnums = {"donate_argnums": o.donate_argnums, "donate_argnames": o.donate_argnames}
+    wrapped._plain_jit = _compat.jax_jit(wrapped._fn.fun, **argnums, **o.jit_kwargs)
+  return wrapped._plain_jit
 
 
 def _restore(fun, kwargs):
