@@ -3,8 +3,8 @@
 Maintainer tool behind `scripts/jax_suite.sh` (never run in CI). Reads JAX's test files that exercise
 `jax.jit` (`TEST_FILES`: api, pjit, export, mutable_array, layout, shard_map, memories, array,
 debugging_primitives, and those of the executable's serialization and caches and of effects: aot,
-compilation_cache, cache_key, multi_device, jaxpr_effects, x64_context, checkify; and a second
-group, from debug_info to sparse) of a jax-ml/jax
+compilation_cache, cache_key, multi_device, jaxpr_effects, x64_context, checkify; and two more
+groups, from debug_info to async_collectives) of a jax-ml/jax
 git checkout at a tag and writes them to OUT_DIR, with a `pytest.ini` carrying the checkout's own
 pytest settings (warnings are errors, as in JAX's CI).
 
@@ -39,11 +39,16 @@ TEST_FILES = tuple(f"tests/{name}_test.py" for name in (
     "api", "pjit", "export", "mutable_array", "layout", "shard_map", "memories", "array",
     "debugging_primitives", "aot", "compilation_cache", "cache_key", "multi_device",
     "jaxpr_effects", "x64_context", "checkify",
-    # A second group: jit's debug info and names, callbacks, refs and state, control flow, key
-    # arrays and their reuse checks, error checks, metadata, FFI calls, dtypes, hijax types.
-    "debug_info", "python_callback", "state", "lax_control_flow", "key_reuse", "error_check",
+    # A second group: jit's debug info and names, callbacks, control flow, key arrays and their
+    # reuse checks, error checks, metadata, FFI calls, dtypes, hijax types. (state_test.py needs
+    # a test utility JAX's wheel does not ship.)
+    "debug_info", "python_callback", "lax_control_flow", "key_reuse", "error_check",
     "xla_metadata", "ffi", "name_stack", "core", "random", "dtypes", "hijax",
-    "ragged_collective", "sparse"))
+    "ragged_collective", "sparse",
+    # A third: custom derivatives, NaN checks (which turn donation off), JAX's errors and their
+    # filtered tracebacks, compile logging, custom partitioning, symbolic shapes, random bits.
+    "custom_api", "debug_nans", "errors", "logging", "custom_partitioning", "shape_poly",
+    "random_lax", "scheduling_groups", "async_collectives"))
 # (module, name) pairs whose import binds JAX's jit under the imported name.
 JIT_IMPORTS = {("jax", "jit"), ("jax._src.api", "jit"), ("jax._src.pjit", "pjit"),
                ("jax.experimental.pjit", "pjit")}

@@ -767,3 +767,50 @@ def test_a_wrapper_made_with_functools_wraps_keeps_its_own_stages(jit):
     np.testing.assert_array_equal(h.lower(x).compile()(x), want)
     np.testing.assert_array_equal(jax.eval_shape(h, x).shape, want.shape)
   assert "jit" in str(jax.make_jaxpr(g)(fresh()))  # a call of the function, as for jax.jit
+
+
+def _frames(jit, mode):
+  """The (file, function) frames of the traceback a user sees when the function raises."""
+  import traceback
+
+  @jit
+  def innermost(x):
+    raise AssertionError("inside")
+
+  @jit
+  def outermost(x):
+    return 2 + innermost(x)
+
+  before = jax.config.jax_traceback_filtering
+  jax.config.update("jax_traceback_filtering", mode)
+  try:
+    outermost(jnp.ones(2))
+  except AssertionError as e:
+    error = e
+  finally:
+    jax.config.update("jax_traceback_filtering", before)
+  walked = [f for f, _ in traceback.walk_tb(error.__traceback__)]
+  if mode == "tracebackhide":  # (IPython hides the frames so marked)
+    walked = [f for f in walked if "__tracebackhide__" not in f.f_locals]
+  return [(f.f_code.co_filename, f.f_code.co_name) for f in walked], error
+
+
+@pytest.mark.parametrize("mode", ["remove_frames", "quiet_remove_frames", "tracebackhide"])
+def test_a_filtered_traceback_starts_at_the_users_call_as_in_jax_jit(mode):
+  theirs, _ = _frames(jax.jit, mode)
+  ours, error = _frames(donate.jit, mode)
+  assert ours == theirs
+  assert [name for _, name in ours] == ["_frames", "outermost", "innermost"]
+  assert not any("/donate/" in f for f, _ in ours)
+  if mode == "remove_frames":  # JAX's unfiltered trace is the cause, as for jax.jit
+    assert type(error.__cause__).__name__ == "UnfilteredStackTrace"
+
+
+def test_a_nan_found_by_debug_nans_after_cached_calls_raises_as_in_jax_jit():
+  for jit in (jax.jit, donate.jit):
+    f = jit(lambda x: 0.0 / x)
+    x = jnp.array(0.0)
+    f(x), f(x)  # cached: the C++ dispatch runs it, and JAX's NaN check runs after it
+    with pytest.raises(FloatingPointError):
+      with jax.debug_nans(True):
+        f(x).block_until_ready()

@@ -110,13 +110,8 @@ def jit_argnums(
   reverse) when it is constructed; reading its result keeps donate's binding identical to jax's.
   No public API returns the resolved tuples.
   """
-  info = jitted._jit_info
-  return (
-    tuple(info.static_argnums),
-    tuple(info.static_argnames),
-    tuple(info.donate_argnums),
-    tuple(info.donate_argnames),
-  )
+  names = ("static_argnums", "static_argnames", "donate_argnums", "donate_argnames")
+  return tuple(tuple(getattr(jitted._jit_info, k)) for k in names)  # type: ignore[return-value]
 
 
 def traced_flat_shardings(traced) -> tuple[tuple, tuple, bool]:
@@ -221,7 +216,9 @@ def dispatch_like(jitted, fun, cache_miss) -> Any:
   returns `(outputs, fastpath data or None, drop)` as JAX's own misses do."""
   s, keys = jitted.__getstate__(), ("static_argnums", "static_argnames", "global_cache_key")
   rest = (s["pytree_registry"], s["shard_arg_fallback"], s["cache"])  # `jitted`'s cache, by `fun`
-  return _jax.pjit(s["function_name"], fun, cache_miss, *map(s.get, keys), *rest)
+  dispatch = _jax.pjit(s["function_name"], fun, cache_miss, *map(s.get, keys), *rest)
+  dispatch._fun = fun  # what JAX's NaN check (jax_debug_nans) runs de-optimized, as for jax.jit
+  return dispatch
 
 
 def jit_cache_miss(jitted) -> Any:
@@ -403,6 +400,8 @@ def backends_are_initialized() -> bool:
 # it gives equations and HLO; donate's frames between the user's call and JAX's are hidden the
 # same way. No public API registers a path for either.
 from jax._src import traceback_util as _traceback_util
+
+api_boundary = _traceback_util.api_boundary  # where a filtered traceback starts (jax.jit's calls)
 
 
 def hide_from_tracebacks(path: str, shown: tuple[str, ...] = ()) -> None:

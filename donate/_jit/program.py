@@ -247,6 +247,47 @@ class Signature:
       return program
 
 
+class NoEntry:
+  """The programs a function ran without a C++ entry (a replay; host callbacks, which no entry
+  runs), found again by the call's key as `jax.jit`'s dispatch makes it: structure, static
+  arguments, each leaf's aval, sharding, commitment and layout, and the jit-keyed configuration.
+  Bounded, as `jax.jit`'s dispatch caches are."""
+
+  LIMIT = 4096
+
+  def __init__(self):
+    self._programs: dict[Any, tuple] = {}  # key -> (program, what the key holds by identity)
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return len(self._programs)
+
+  @staticmethod
+  def key(call: _binding.Call) -> tuple:
+    return (call.key, *map(_binding.signature_key, call.leaves), _compat.jit_context())
+
+  def find(self, binding: _binding.Binding, args, kwargs):
+    """`(program, call)` of a call planned before and run without an entry, else None."""
+    if not self._programs:
+      return None
+    try:
+      call = binding.bind(args, kwargs)
+    except (TypeError, ValueError):  # tracing raises jax.jit's own error
+      return None
+    found = self._programs.get(self.key(call))
+    return (found[0], call) if found is not None else None
+
+  def add(self, key: tuple, held: tuple, program) -> None:
+    """`held`: what `key` names by identity (`binding.held`), kept alive beside it."""
+    with self._lock:
+      if len(self._programs) >= self.LIMIT:
+        self._programs.clear()
+      self._programs[key] = (program, held)
+
+  def clear(self) -> None:
+    self._programs.clear()
+
+
 class Unplanned(Exception):
   """Raised by `JitWrapped._prepare` for a call donate does not plan: its jaxpr has hijax types
   (JAX's experimental high-level types: one value lowers to any number of buffers, which the plan's

@@ -75,7 +75,7 @@ class JitWrapped:
       fun, name, jitted, self._gated.gate, _binding.Binding(fun, jitted), options
     )
     self._plain_only = self._gated.strong  # not weakly referenceable: exactly jax.jit's behaviour
-    self._no_entry = _NoEntry()  # programs the dispatch has no entry for
+    self._no_entry = _program.NoEntry()  # programs the dispatch has no entry for
     self._prepared: dict[Any, _program.Signature] = {}  # by its trace and its leaves' facts
     self._into: JitWrapped | None = None
     self._lock = threading.RLock()
@@ -93,16 +93,7 @@ class JitWrapped:
     try:  # JAX's C++ dispatch: a planned signature's program, or `_miss` (planning first)
       return self._dispatch(*args, **kwargs) if kwargs else self._dispatch(*args)
     except BaseException as e:
-      if self._miss_raised:  # its entry now falls back to Python for good: entries go
-        self._miss_raised = False
-        _compat.clear_cpp_cache(self._dispatch)
-      if not isinstance(e, (jax.errors.JaxRuntimeError, ValueError)):
-        raise
-      # One array in two places (JAX rejects it when one is donated): name both leaves.
-      if _compat.trace_state_clean() and _binding.repeats_an_array(self._fn.binding, args, kwargs):
-        with contextlib.suppress(_program.Unplanned):  # (hijax types: JAX's own error stands)
-          signature, call = self._prepare(args, kwargs)
-          signature.prepared.check_duplicates(call)
+      _call_failed(self, e, args, kwargs)
       raise
 
   def _miss(self, args, kwargs) -> tuple:
@@ -259,6 +250,28 @@ def _nested(fn: _signature.Function, args, kwargs):
     return fn.jitted(*args, **kwargs)
 
 
+def _call_failed(wrapped: JitWrapped, e: BaseException, args, kwargs) -> None:
+  """After a call raised `e`: drops the dispatch's entries if a miss raised (its entry would fall
+  back to Python for good), names both leaves of one array passed in two places (JAX rejects it
+  when one is donated), and, as `jax.jit`'s filtered tracebacks start at the user's call, takes
+  `JitWrapped.__call__`'s frame off `e`'s traceback (JAX filtered the rest: `_dispatch_for`)."""
+  if wrapped._miss_raised:
+    wrapped._miss_raised = False
+    _compat.clear_cpp_cache(wrapped._dispatch)
+  binding = wrapped._fn.binding
+  if (
+    isinstance(e, (jax.errors.JaxRuntimeError, ValueError))
+    and _compat.trace_state_clean()
+    and _binding.repeats_an_array(binding, args, kwargs)
+  ):
+    with contextlib.suppress(_program.Unplanned):  # (hijax types: JAX's own error stands)
+      signature, call = wrapped._prepare(args, kwargs)
+      signature.prepared.check_duplicates(call)
+  tb = e.__traceback__
+  if tb is not None and jax.config.jax_traceback_filtering != "off":  # type: ignore[attr-defined]
+    e.__traceback__ = tb.tb_next
+
+
 def _gated_jit(wrapped: JitWrapped, fun, argnums: dict, options: _options.Options):
   """`(jitted, plain)`: the `jax.jit` donate traces, lowers and runs through, and whether it is
   `jax.jit(fun)` itself (`_plain`, for a function that donates no argument; else a `jax.jit` of
@@ -320,47 +333,6 @@ def _keyword_error(name: str, fun, error: Exception, jit_kwargs: dict) -> Except
   )
 
 
-class _NoEntry:
-  """The programs a function ran without a C++ entry (a replay; host callbacks, which no entry
-  runs), found again by the call's key as `jax.jit`'s dispatch makes it: structure, static
-  arguments, each leaf's aval, sharding, commitment and layout, and the jit-keyed configuration.
-  Bounded, as `jax.jit`'s dispatch caches are."""
-
-  LIMIT = 4096
-
-  def __init__(self):
-    self._programs: dict[Any, tuple] = {}  # key -> (program, what the key holds by identity)
-    self._lock = threading.Lock()
-
-  def __len__(self) -> int:
-    return len(self._programs)
-
-  @staticmethod
-  def key(call: _binding.Call) -> tuple:
-    return (call.key, *map(_binding.signature_key, call.leaves), _compat.jit_context())
-
-  def find(self, binding: _binding.Binding, args, kwargs):
-    """`(program, call)` of a call planned before and run without an entry, else None."""
-    if not self._programs:
-      return None
-    try:
-      call = binding.bind(args, kwargs)
-    except (TypeError, ValueError):  # tracing raises jax.jit's own error
-      return None
-    found = self._programs.get(self.key(call))
-    return (found[0], call) if found is not None else None
-
-  def add(self, key: tuple, held: tuple, program) -> None:
-    """`held`: what `key` names by identity (`binding.held`), kept alive beside it."""
-    with self._lock:
-      if len(self._programs) >= self.LIMIT:
-        self._programs.clear()
-      self._programs[key] = (program, held)
-
-  def clear(self) -> None:
-    self._programs.clear()
-
-
 def _dispatch_for(wrapped: JitWrapped, jitted):
   """The C++ dispatch of a `donate.jit` function, keyed as `jax.jit`'s own: every call whose
   arguments and JAX configuration match an entry runs that entry's program, with no Python; any
@@ -373,6 +345,7 @@ def _dispatch_for(wrapped: JitWrapped, jitted):
     return ref()._miss(args, kwargs)  # the dispatch dies with its function
 
   miss.__name__ = miss.__qualname__ = wrapped._fn.name
+  miss = _compat.api_boundary(miss)  # as jax.jit's own miss: tracebacks filtered from here
   o = wrapped._fn.options
   own = ("keep_unused", "inline", "static_argnums", "static_argnames")
   ours = (
