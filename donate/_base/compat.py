@@ -163,14 +163,7 @@ def traced_without_donation(traced):
   hold the donations, and no public API lowers a Traced with other ones.
   """
   donated = traced._params["donated_invars"]
-  if not any(donated):
-    return None
-  twin = copy.copy(traced)
-  twin._params = {**traced._params, "donated_invars": (False,) * len(donated)}
-  for cached in ("_lojax", "_closure_converted"):  # lowerings derived from the old parameters
-    if cached in type(traced).__slots__:
-      setattr(twin, cached, None)
-  return twin
+  return _donating(traced, (False,) * len(donated)) if any(donated) else None
 
 
 def traced_with_donation(traced, leaves: set[int]):
@@ -180,12 +173,22 @@ def traced_with_donation(traced, leaves: set[int]):
   first = len(traced._consts)
   for k in leaves:
     donated[first + k] = True
+  return _donating(traced, tuple(donated))
+
+
+def _donating(traced, donated: tuple):
+  """A copy of a `jax.stages.Traced` whose flat inputs are donated as `donated` says."""
   twin = copy.copy(traced)
-  twin._params = {**traced._params, "donated_invars": tuple(donated)}
-  for cached in ("_lojax", "_closure_converted"):
+  twin._params = {**traced._params, "donated_invars": donated}
+  for cached in ("_lojax", "_closure_converted"):  # lowerings derived from the old parameters
     if cached in type(traced).__slots__:
       setattr(twin, cached, None)
   return twin
+
+
+def is_high(x) -> bool:
+  """Whether a jaxpr or an aval has hijax types (`jax.experimental.hijax`): no public API says."""
+  return getattr(x, "is_high", False) is True
 
 
 def lowered_kept_leaves(jax_lowered) -> tuple[tuple[int, ...], int]:
@@ -234,11 +237,9 @@ def compiled_cache_miss(jax_compiled) -> Any:
 
 
 def compiled_output_shardings(jax_compiled, n_outputs: int) -> list:
-  """The flat shardings of a `jax.stages.Compiled`'s first `n_outputs` results (the user's).
-
+  """The flat shardings of a `jax.stages.Compiled`'s first `n_outputs` results (the user's):
   `Compiled.output_shardings` fails for a program that writes refs back (it unflattens the
-  write-backs' shardings too, into the user's output tree); the flat list holds them last.
-  """
+  write-backs' shardings too, into the user's output tree); the flat list holds them last."""
   return list(jax_compiled._executable._out_shardings)[:n_outputs]
 
 

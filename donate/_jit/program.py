@@ -298,15 +298,10 @@ class Unplanned(Exception):
     self.traced = traced
 
 
-def is_high(traced) -> bool:
-  # `ClosedJaxpr.is_high` (JAX 0.10 and up): no public API says whether a jaxpr has hijax types.
-  return bool(getattr(traced.jaxpr, "is_high", False))
-
-
 def unplanned_error(name: str, traced) -> Exception:
   """The error of `plan()` for a call whose jaxpr has hijax types (`Unplanned`)."""
   avals = [*traced.jaxpr.in_avals, *traced.jaxpr.out_avals]
-  high = sorted({type(a).__name__ for a in avals if getattr(a, "is_high", False) is True})
+  high = sorted({type(a).__name__ for a in avals if _compat.is_high(a)})
   return _errors.DonationTypeError(
     _errors.message(
       f"donate.jit of {name}: no plan for a call with hijax types ({', '.join(high) or 'boxes'})",

@@ -63,12 +63,10 @@ class JitWrapped:
     name = _fun_name(fun)
     # jax.jit validates the function and every keyword exactly as for jax.jit(fun); its error
     # keeps its type and sentence, and gains the function's name and its parameters.
-    names = ("donate_argnums", "donate_argnames")
-    argnums = {k: getattr(options, k) for k in names}
     self._plain_jit: Any = None  # jax.jit(fun) with the same keywords, built where read (_plain)
     try:
       self._gated = _gate.gated_for(fun)
-      jitted, self._traces_plain = _gated_jit(self, fun, argnums, options)
+      jitted, self._traces_plain = _gated_jit(self, fun, options)
     except (ValueError, TypeError) as e:
       raise _keyword_error(name, fun, e, options.jit_kwargs) from e
     self._fn = _signature.Function(
@@ -136,7 +134,7 @@ class JitWrapped:
   def _prepare(self, args, kwargs) -> tuple[_program.Signature, _binding.Call]:
     """Traces (through jax.jit) and plans this call; lowers and compiles nothing yet."""
     traced = self._trace(args, kwargs)
-    if _program.is_high(traced):
+    if _compat.is_high(traced.jaxpr):
       raise _program.Unplanned(traced)
     call = self._fn.binding.bind(args, kwargs)
     key = (id(traced.jaxpr), call.key, tuple(map(_binding.meta_key, call.leaves)))
@@ -272,7 +270,7 @@ def _call_failed(wrapped: JitWrapped, e: BaseException, args, kwargs) -> None:
     e.__traceback__ = tb.tb_next
 
 
-def _gated_jit(wrapped: JitWrapped, fun, argnums: dict, options: _options.Options):
+def _gated_jit(wrapped: JitWrapped, fun, options: _options.Options):
   """`(jitted, plain)`: the `jax.jit` donate traces, lowers and runs through, and whether it is
   `jax.jit(fun)` itself (`_plain`, for a function that donates no argument; else a `jax.jit` of
   the gated stand-in). The plain one shares JAX's trace cache with `jax.jit(fun)` and
@@ -282,14 +280,12 @@ def _gated_jit(wrapped: JitWrapped, fun, argnums: dict, options: _options.Option
   only what donate planned. Only the one needed is built (`_plain` is otherwise built where it
   is read); either validates the keywords as `jax.jit(fun)` does (the stand-in has the
   function's signature)."""
-  if all(v is None or v == () for v in argnums.values()):
-    jitted = wrapped._plain_jit = _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
-  else:
-    jitted = _compat.jax_jit(wrapped._gated, **argnums, **options.jit_kwargs)
-  if any(_compat.jit_argnums(jitted)[2:]):
+  asked = any(v is not None and v != () for v in (options.donate_argnums, options.donate_argnames))
+  jitted = _jit_of(wrapped._gated if asked else fun, options)
+  if asked and any(_compat.jit_argnums(jitted)[2:]):
     return jitted, False
-  if wrapped._plain_jit is None:  # names that resolve to no argument (a function of **kwargs)
-    wrapped._plain_jit = _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
+  # (asked for names that resolve to no argument, as of a function of **kwargs: the plain one)
+  wrapped._plain_jit = _jit_of(fun, options) if asked else jitted
   return wrapped._plain_jit, True
 
 
@@ -297,10 +293,14 @@ def _plain(wrapped: JitWrapped):
   """`jax.jit(fun)` with the user's keywords, built where it is first read (a function that
   donates nothing runs through it; `repr` and pickling read it)."""
   if wrapped._plain_jit is None:
-    o = wrapped._fn.options
-    argnums = {"donate_argnums": o.donate_argnums, "donate_argnames": o.donate_argnames}
-    wrapped._plain_jit = _compat.jax_jit(wrapped._fn.fun, **argnums, **o.jit_kwargs)
+    wrapped._plain_jit = _jit_of(wrapped._fn.fun, wrapped._fn.options)
   return wrapped._plain_jit
+
+
+def _jit_of(fun, options: _options.Options):
+  """`jax.jit` of `fun` with the user's keywords, donated arguments included."""
+  argnums = {"donate_argnums": options.donate_argnums, "donate_argnames": options.donate_argnames}
+  return _compat.jax_jit(fun, **argnums, **options.jit_kwargs)
 
 
 def _restore(fun, kwargs):
