@@ -3,10 +3,10 @@
 Maintainer tool behind `scripts/jax_suite.sh` (never run in CI). Reads JAX's test files that exercise
 `jax.jit` (`TEST_FILES`: api, pjit, export, mutable_array, layout, shard_map, memories, array,
 debugging_primitives, and those of the executable's serialization and caches and of effects: aot,
-compilation_cache, cache_key, multi_device, jaxpr_effects, x64_context, checkify; and two more
-groups, from debug_info to async_collectives) of a jax-ml/jax
-git checkout at a tag and writes them to OUT_DIR, with a `pytest.ini` carrying the checkout's own
-pytest settings (warnings are errors, as in JAX's CI).
+compilation_cache, cache_key, multi_device, jaxpr_effects, x64_context, checkify; and three more
+groups, from debug_info to scipy_optimize) of a jax-ml/jax git checkout at a tag and writes them
+to OUT_DIR, with a `pytest.ini` carrying the checkout's own pytest settings (warnings are errors,
+as in JAX's CI).
 
 The rewrite works on the syntax tree and replaces, in place, each reference to JAX's jit:
 `jax.jit` (decorator, call, `partial(jax.jit, ...)`), `api.jit` where `api` is `jax._src.api`,
@@ -17,8 +17,11 @@ left alone there. `import donate` is put on the line of the first import, so lin
 the upstream file. `pmap`, `vmap` and every other API are untouched.
 
 Usage:
-  python scripts/jax_suite.py write CHECKOUT TAG OUT_DIR [--target donate.jit|jax.jit|none]
-    (`jax.jit` rewrites to JAX's own jit, a check of the rewriter; `none` copies the files)
+  python scripts/jax_suite.py write CHECKOUT TAG OUT_DIR [--target donate.jit|jax.jit|none|patch]
+      [--files tests/lax_test.py ...]
+    (`jax.jit` rewrites to JAX's own jit, a check of the rewriter; `none` copies the files; `patch`
+    copies them and sets `jax.jit = donate.jit` in a conftest.py, for files that compile through
+    JAX's test utilities)
   python scripts/jax_suite.py compare PLAIN.xml SELF_CHECK.xml DONATE.xml
     (pytest --junitxml files of the three runs: lists what passes plain and fails with donate.jit)
 """
@@ -48,7 +51,14 @@ TEST_FILES = tuple(f"tests/{name}_test.py" for name in (
     # A third: custom derivatives, NaN checks (which turn donation off), JAX's errors and their
     # filtered tracebacks, compile logging, custom partitioning, symbolic shapes, random bits.
     "custom_api", "debug_nans", "errors", "logging", "custom_partitioning", "shape_poly",
-    "random_lax", "scheduling_groups", "async_collectives"))
+    "random_lax", "scheduling_groups", "async_collectives",
+    # A fourth: shard_alike, metadata and source info, the debugger, several backends, control
+    # dependencies, checked numpy errors, tree utilities, custom solvers, pmap, batching, indexing.
+    "shard_alike", "metadata", "debugger", "multibackend", "control_deps", "source_info",
+    "jax_numpy_error", "xla_transform", "tree_util", "linalg_sharding", "jax_jit",
+    "custom_root", "custom_linear_solve", "jaxpr_util", "fused",
+    "export_serialization_back_compat", "nn", "sparsify", "pmap", "batching",
+    "lax_numpy_indexing", "scipy_optimize"))
 # (module, name) pairs whose import binds JAX's jit under the imported name.
 JIT_IMPORTS = {("jax", "jit"), ("jax._src.api", "jit"), ("jax._src.pjit", "pjit"),
                ("jax.experimental.pjit", "pjit")}
@@ -214,14 +224,41 @@ def pytest_ini(pyproject_text: str) -> str:
   return "\n".join(out) + "\n"
 
 
-def write(checkout: str, tag: str, out_dir: Path, target: str) -> None:
+# The `patch` target: the files unmodified, and `jax.jit = donate.jit` set before any of them is
+# imported, as a user patches JAX for a framework they did not write. JAX's test utilities compile
+# through `jax._src.api.jit` (`_CompileAndCheck`, which lax_test and lax_numpy_test use); they are
+# given donate.jit too, while JAX's own modules keep their jit.
+PATCH_CONFTEST = """\
+import types
+
+import jax
+from jax._src import api, test_util
+
+import donate
+
+jax.jit = donate.jit
+
+
+class _Api(types.ModuleType):
+  def __getattr__(self, name):
+    return getattr(api, name)
+
+
+test_util.api = _Api(api.__name__)
+test_util.api.jit = donate.jit
+"""
+
+
+def write(checkout: str, tag: str, out_dir: Path, target: str, files=TEST_FILES) -> None:
   """Writes the rewritten test files and the pytest.ini into `out_dir`."""
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "pytest.ini").write_text(pytest_ini(git_show(checkout, tag, "pyproject.toml")))
-  for path in TEST_FILES:
+  if target == "patch":
+    (out_dir / "conftest.py").write_text(PATCH_CONFTEST)
+  for path in files:
     source = git_show(checkout, tag, path)
     name = Path(path).name
-    if target != "none":
+    if target not in ("none", "patch"):
       source, counts, skipped = rewrite(source, target)
       detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
       print(f"{name}: {sum(counts.values())} rewritten to {target} ({detail}); "
@@ -266,13 +303,15 @@ def main(argv=None) -> int:
   w.add_argument("checkout")
   w.add_argument("tag")
   w.add_argument("out_dir", type=Path)
-  w.add_argument("--target", default="donate.jit", choices=("donate.jit", "jax.jit", "none"))
+  w.add_argument("--target", default="donate.jit",
+                 choices=("donate.jit", "jax.jit", "none", "patch"))
+  w.add_argument("--files", nargs="*", help="test files (tests/NAME_test.py) other than TEST_FILES")
   c = sub.add_parser("compare", help="list what passes unmodified and fails with donate.jit")
   for name in ("plain_xml", "self_check_xml", "donate_xml"):
     c.add_argument(name, type=Path)
   args = parser.parse_args(argv)
   if args.command == "write":
-    write(args.checkout, args.tag, args.out_dir, args.target)
+    write(args.checkout, args.tag, args.out_dir, args.target, args.files or TEST_FILES)
   else:
     print(compare(args.plain_xml, args.self_check_xml, args.donate_xml))
   return 0

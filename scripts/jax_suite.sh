@@ -7,11 +7,16 @@
 # (scripts/jax_suite.py) into a temporary folder, and runs them with pytest under JAX's own pytest
 # settings (warnings are errors).
 #
-# Usage: bash scripts/jax_suite.sh JAX_CHECKOUT [--plain | --self-check | --compare] [--keep] [pytest args]
+# Usage: bash scripts/jax_suite.sh JAX_CHECKOUT [--plain | --self-check | --patch | --compare] [--keep]
+#          [pytest args]
 #   JAX_CHECKOUT  a clone or a bare git dir of jax-ml/jax that has the tag
 #   --plain       run the files unmodified (the baseline)
 #   --self-check  rewrite to jax.jit instead of donate.jit (checks the rewrite itself)
-#   --compare     run all three and list the tests that pass unmodified but fail with donate.jit
+#   --patch       run the files unmodified with `jax.jit = donate.jit` set first (and JAX's test
+#                 utilities' jit: lax_test.py and lax_numpy_test.py compile through them); any test
+#                 file of the checkout can be named, not only those above
+#   --compare     run plain, self-check and rewritten, and list what passes unmodified but fails
+#                 with donate.jit
 #   --keep        keep the temporary folder and print its path
 # pytest runs in that folder, so test ids are `api_test.py::JitTest`, `pjit_test.py::PJitTest`
 # (with none among the pytest args both files run) and other paths must be absolute. Example:
@@ -22,7 +27,7 @@
 # defaults to 8 (pjit_test.py asks for 8 CPU devices).
 set -euo pipefail
 if [ $# -lt 1 ]; then
-  sed -n '2,22p' "$0" >&2
+  sed -n '2,27p' "$0" >&2
   exit 2
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,6 +40,7 @@ for a in "$@"; do
   case "$a" in
     --plain) MODE=none ;;
     --self-check) MODE=jax.jit ;;
+    --patch) MODE=patch ;;
     --compare) MODE=compare ;;
     --keep) KEEP=1 ;;
     *) ARGS+=("$a") ;;
@@ -60,8 +66,12 @@ else
   trap 'rm -rf "$TMP"' EXIT
 fi
 NAMED=0
+FILES=()  # the named files, written as they are named (the patch mode takes any test file)
 for a in ${ARGS[@]+"${ARGS[@]}"}; do
-  if [[ "$a" == *.py* ]] && [[ "${a%%::*}" =~ ^[a-z_]+_test\.py$ ]]; then NAMED=1; fi
+  if [[ "$a" == *.py* ]] && [[ "${a%%::*}" =~ ^[a-z0-9_]+_test\.py$ ]]; then
+    NAMED=1
+    FILES+=("tests/${a%%::*}")
+  fi
 done
 if [ "$NAMED" = 0 ]; then
   ARGS+=(api_test.py pjit_test.py)
@@ -71,7 +81,7 @@ export JAX_NUM_CPU_DEVICES=${JAX_NUM_CPU_DEVICES:-8}
 run() {  # TARGET DIR [pytest args]: writes the files rewritten to TARGET into DIR, runs pytest there
   local target=$1 dir=$2
   shift 2
-  suite write "$CHECKOUT" "$TAG" "$dir" --target "$target"
+  suite write "$CHECKOUT" "$TAG" "$dir" --target "$target" ${FILES[@]+--files "${FILES[@]}"}
   echo "jax $TAG, jit rewritten to: $target" >&2
   cd "$dir"
   "$VENV/bin/python" -m pytest -c pytest.ini --rootdir . -p no:cacheprovider "$@"
