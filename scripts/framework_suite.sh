@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Maintainer tool, never run in CI: runs a framework's own tests, as its wheel ships them, plain
+# and with `jax.jit = donate.jit` set before any of its modules is imported (the global patch, as
+# users set it for a framework they did not write), and lists the tests that pass plain but fail
+# patched (scripts/jax_suite.py compare).
+#
+# Usage: bash scripts/framework_suite.sh PACKAGE [pytest args]
+#   PACKAGE   an importable package whose wheel ships its tests (optax: 51 test files)
+#   EXTRA     pip requirements its tests need besides it (default for optax: chex)
+# Uses the suite's environment (VENV, default .venv-jaxsuite, as scripts/jax_suite.sh makes it),
+# installing PACKAGE and EXTRA there. Example (about 5 minutes a run on two cores):
+#   bash scripts/framework_suite.sh optax -n 2
+set -euo pipefail
+if [ $# -lt 1 ]; then
+  sed -n '2,12p' "$0" >&2
+  exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PACKAGE=$1
+shift
+PY=$(bash "$ROOT/scripts/python.sh" "${PYTHON:-python3}")
+VENV=${VENV:-$ROOT/.venv-jaxsuite}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+EXTRA=${EXTRA-$([ "$PACKAGE" = optax ] && echo chex || true)}
+"$VENV/bin/python" -m pip install -q -e "$ROOT" absl-py "pytest>=8,<9" pytest-xdist "$PACKAGE" $EXTRA
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/framework_suite.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+cat > "$TMP/donate_patch.py" <<'EOF'
+"""pytest plugin: with DONATE_PATCH=1, `jax.jit = donate.jit` before any test module is imported."""
+import os
+
+if os.environ.get("DONATE_PATCH") == "1":
+  import jax
+
+  import donate
+
+  jax.jit = donate.jit
+EOF
+cd "$TMP"
+for patched in 0 1; do
+  echo "--- $PACKAGE's tests, $([ $patched = 1 ] && echo "jax.jit = donate.jit" || echo plain)" >&2
+  DONATE_PATCH=$patched JAX_PLATFORMS=${JAX_PLATFORMS:-cpu} PYTHONPATH="$TMP" \
+    "$VENV/bin/python" -m pytest -p donate_patch --pyargs "$PACKAGE" -p no:cacheprovider -q \
+    --tb=line -rf --continue-on-collection-errors --junitxml="$TMP/$patched.xml" "$@" ||
+    [ -s "$TMP/$patched.xml" ]
+done
+"$VENV/bin/python" "$ROOT/scripts/jax_suite.py" compare "$TMP/0.xml" "$TMP/0.xml" "$TMP/1.xml"
