@@ -26,22 +26,14 @@ EXTRA=${EXTRA-$([ "$PACKAGE" = optax ] && echo chex || true)}
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/framework_suite.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
-cat > "$TMP/donate_patch.py" <<'EOF'
-"""pytest plugin: with DONATE_PATCH=1, `jax.jit = donate.jit` before any test module is imported."""
-import os
-
-if os.environ.get("DONATE_PATCH") == "1":
-  import jax
-
-  import donate
-
-  jax.jit = donate.jit
-EOF
+# The plugin is jax_suite.py's patch conftest (`PATCH_CONFTEST`), loaded for the patched run only.
+"$VENV/bin/python" -c 'import runpy, sys; sys.stdout.write(runpy.run_path(sys.argv[1])["PATCH_CONFTEST"])' \
+  "$ROOT/scripts/jax_suite.py" > "$TMP/donate_patch.py"
 cd "$TMP"
 for patched in 0 1; do
   echo "--- $PACKAGE's tests, $([ $patched = 1 ] && echo "jax.jit = donate.jit" || echo plain)" >&2
-  DONATE_PATCH=$patched JAX_PLATFORMS=${JAX_PLATFORMS:-cpu} PYTHONPATH="$TMP" \
-    "$VENV/bin/python" -m pytest -p donate_patch --pyargs "$PACKAGE" -p no:cacheprovider -q \
+  JAX_PLATFORMS=${JAX_PLATFORMS:-cpu} PYTHONPATH="$TMP" "$VENV/bin/python" -m pytest \
+    $([ $patched = 1 ] && echo "-p donate_patch") --pyargs "$PACKAGE" -p no:cacheprovider -q \
     --tb=line -rf --continue-on-collection-errors --junitxml="$TMP/$patched.xml" "$@" ||
     [ -s "$TMP/$patched.xml" ]
 done

@@ -65,15 +65,13 @@ if [ "$KEEP" = 1 ]; then
 else
   trap 'rm -rf "$TMP"' EXIT
 fi
-NAMED=0
 FILES=()  # the named files, written as they are named (the patch mode takes any test file)
 for a in ${ARGS[@]+"${ARGS[@]}"}; do
   if [[ "$a" == *.py* ]] && [[ "${a%%::*}" =~ ^[a-z0-9_]+_test\.py$ ]]; then
-    NAMED=1
     FILES+=("tests/${a%%::*}")
   fi
 done
-if [ "$NAMED" = 0 ]; then
+if [ ${#FILES[@]} = 0 ]; then
   ARGS+=(api_test.py pjit_test.py)
 fi
 export JAX_NUM_CPU_DEVICES=${JAX_NUM_CPU_DEVICES:-8}
