@@ -5,14 +5,19 @@
 # patched (scripts/jax_suite.py compare).
 #
 # Usage: bash scripts/framework_suite.sh PACKAGE [pytest args]
-#   PACKAGE   an importable package whose wheel ships its tests (optax: 51 test files)
+#   PACKAGE   an importable package whose wheel ships its tests (optax: 51 test files), or whose
+#             repository is given as REPO
 #   EXTRA     pip requirements its tests need besides it (default for optax: chex)
+#   REPO      a clone or bare git dir of the package's repository: its `tests` folder at the tag of
+#             the installed version (`v` and the version; TAG overrides it) runs instead of the
+#             wheel's (flax and equinox ship none)
 # Uses the suite's environment (VENV, default .venv-jaxsuite, as scripts/jax_suite.sh makes it),
-# installing PACKAGE and EXTRA there. Example (about 5 minutes a run on two cores):
+# installing PACKAGE and EXTRA there. Examples (about 5 minutes a run on two cores):
 #   bash scripts/framework_suite.sh optax -n 2
+#   REPO=~/src/equinox bash scripts/framework_suite.sh equinox -n 2
 set -euo pipefail
 if [ $# -lt 1 ]; then
-  sed -n '2,12p' "$0" >&2
+  sed -n '2,16p' "$0" >&2
   exit 2
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,11 +34,17 @@ trap 'rm -rf "$TMP"' EXIT
 # The plugin is jax_suite.py's patch conftest (`PATCH_CONFTEST`), loaded for the patched run only.
 "$VENV/bin/python" -c 'import runpy, sys; sys.stdout.write(runpy.run_path(sys.argv[1])["PATCH_CONFTEST"])' \
   "$ROOT/scripts/jax_suite.py" > "$TMP/donate_patch.py"
+TARGET=(--pyargs "$PACKAGE")
+if [ -n "${REPO:-}" ]; then
+  TAG=${TAG:-v$("$VENV/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$PACKAGE")}
+  git -C "$REPO" archive "$TAG" tests | tar -x -C "$TMP"
+  TARGET=(tests)
+fi
 cd "$TMP"
 for patched in 0 1; do
   echo "--- $PACKAGE's tests, $([ $patched = 1 ] && echo "jax.jit = donate.jit" || echo plain)" >&2
   JAX_PLATFORMS=${JAX_PLATFORMS:-cpu} PYTHONPATH="$TMP" "$VENV/bin/python" -m pytest \
-    $([ $patched = 1 ] && echo "-p donate_patch") --pyargs "$PACKAGE" -p no:cacheprovider -q \
+    $([ $patched = 1 ] && echo "-p donate_patch") "${TARGET[@]}" -p no:cacheprovider -q \
     --tb=line -rf --continue-on-collection-errors --junitxml="$TMP/$patched.xml" "$@" ||
     [ -s "$TMP/$patched.xml" ]
 done

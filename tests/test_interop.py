@@ -3,12 +3,15 @@ re-paired signature (the swapped update, where donate pairs b -> out[0] and a ->
 `jax.jit` pairs first come, first served): the same results, bitwise, and the user's output
 order everywhere, on one device and on eight."""
 
+import inspect
+import pickle
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.layout import Format, Layout
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -16,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 import donate
 from test_symbolic import main_args
 
+JAX_EVAL_SHAPE = jax._src.api.eval_shape  # JAX's own (importing donate sets jax.eval_shape)
 N = 1 << 16  # 256 KiB of float32: above copy_threshold, so donate re-pairs
 
 
@@ -101,6 +105,43 @@ def test_compiled_with_in_shardings_and_called_again(where):
   ours, theirs = compiled_pair(sharding, in_shardings=(sharding, sharding))
   same(ours(*inputs(sharding)), theirs(*inputs(sharding)))
   same(ours(*inputs(sharding)), theirs(*inputs(sharding)))
+
+
+@pytest.mark.parametrize("donate_argnums", [(0, 1), ()], ids=["re-paired", "donating nothing"])
+def test_jax_eval_shape_keeps_out_shardings_and_layouts(donate_argnums):
+  # jax.eval_shape asks JAX's own jit type for its trace's out_info and wraps anything else in a
+  # fresh jax.jit, whose outputs state no sharding (on an Auto mesh) and no layout.
+  sharding = NamedSharding(mesh8(), P("x"))
+  layout = Format(Layout(major_to_minor=(0, 1)), sharding)
+  a = jax.device_put(jnp.ones((64, 8), jnp.float32), sharding)
+  b = jax.device_put(jnp.zeros((64, 8), jnp.float32), sharding)
+  kwargs = {"donate_argnums": donate_argnums, "out_shardings": (layout, sharding)}
+
+  def shapes_and_traces(jit):
+    traces = []
+
+    def f(x, y):
+      traces.append(1)
+      return swapped(x, y)
+
+    g = jit(f, **kwargs)
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")  # (jax.jit's unusable donation of a in lower())
+      got = jax.eval_shape(g, a, b)
+      assert str(g.trace(a, b).out_info) == str(got)  # the same trace, not a second one
+    return got, len(traces)
+
+  got, traces = shapes_and_traces(donate.jit)
+  assert (got, traces) == shapes_and_traces(jax.jit) == (got, 1)
+  assert (got[0].format, got[1].sharding) == (layout, sharding)
+  assert not (a.is_deleted() or b.is_deleted())
+  # Anything else reaches JAX's own eval_shape, which for a donate.jit function would say neither.
+  assert jax.eval_shape(swapped, a, b)[1].sharding is None
+  assert jax.eval_shape.__wrapped__(donate.jit(swapped, **kwargs), a, b)[1].sharding is None
+  # ... and jax.eval_shape keeps JAX's name, documentation and signature, and pickles as itself.
+  assert (jax.eval_shape.__name__, jax.eval_shape.__doc__) == ("eval_shape", JAX_EVAL_SHAPE.__doc__)
+  assert inspect.signature(jax.eval_shape) == inspect.signature(JAX_EVAL_SHAPE)
+  assert pickle.loads(pickle.dumps(jax.eval_shape)) is jax.eval_shape
 
 
 def test_jax_export_of_a_re_paired_signature():

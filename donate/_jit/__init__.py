@@ -2,9 +2,10 @@
 
 `wrapper` (JitWrapped, the call paths) sits on `signature` (prepare -> lower -> compile -> run),
 `route` (how a signature runs), `gate` (the stand-in jax.jit runs), `binding` (arguments as
-jax.jit binds them), `options`, `stages` (Traced/Lowered/Compiled), `into` (preallocated outputs)
-and `compiled` (the compiled program read back into the plan). Below it: `donate._plan`,
-`donate._profile`, `donate._symm`, `donate._planner`, then `donate._xla` and `donate._base`.
+jax.jit binds them), `options`, `stages` (Traced/Lowered/Compiled), `into` (preallocated outputs),
+`compiled` (the compiled program read back into the plan) and `eval_shape` (`jax.eval_shape` of a
+donate.jit function, set on import). Below it: `donate._plan`, `donate._profile`, `donate._symm`,
+`donate._planner`, then `donate._xla` and `donate._base`.
 """
 
 # donate.jit functions pickled before this layer was a package name `donate._jit._restore`.

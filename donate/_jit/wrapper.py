@@ -31,6 +31,7 @@ from donate._base import compat as _compat
 from donate._base import errors as _errors
 from donate._base.primitives import donate_buffer_p, remember_donate_jit
 from donate._jit import binding as _binding
+from donate._jit import eval_shape as _eval_shape
 from donate._jit import gate as _gate
 from donate._jit import into as _into
 from donate._jit import options as _options
@@ -230,6 +231,9 @@ class JitWrapped:
 
   def __reduce__(self):
     return (_restore, (self._fn.fun, self._fn.options.keywords()))
+
+
+_eval_shape.install(JitWrapped)  # jax.eval_shape(f) of a donate.jit f: f's own out_info
 
 
 def _nested(fn: _signature.Function, args, kwargs):
