@@ -769,8 +769,9 @@ def test_a_wrapper_made_with_functools_wraps_keeps_its_own_stages(jit):
   assert "jit" in str(jax.make_jaxpr(g)(fresh()))  # a call of the function, as for jax.jit
 
 
-def _frames(jit, mode):
-  """The (file, function) frames of the traceback a user sees when the function raises."""
+def _frames(jit, mode, marked=False):
+  """The (file, function) frames of the traceback a user sees when the function raises (and
+  those marked `__tracebackhide__` too, `marked`)."""
   import traceback
 
   @jit
@@ -790,7 +791,7 @@ def _frames(jit, mode):
   finally:
     jax.config.update("jax_traceback_filtering", before)
   walked = [f for f, _ in traceback.walk_tb(error.__traceback__)]
-  if mode == "tracebackhide":  # (IPython hides the frames so marked)
+  if mode == "tracebackhide" and not marked:  # (IPython and pytest hide the frames so marked)
     walked = [f for f in walked if "__tracebackhide__" not in f.f_locals]
   return [(f.f_code.co_filename, f.f_code.co_name) for f in walked], error
 
@@ -804,6 +805,15 @@ def test_a_filtered_traceback_starts_at_the_users_call_as_in_jax_jit(mode):
   assert not any("/donate/" in f for f, _ in ours)
   if mode == "remove_frames":  # JAX's unfiltered trace is the cause, as for jax.jit
     assert type(error.__cause__).__name__ == "UnfilteredStackTrace"
+
+
+def test_tracebackhide_marks_frames_as_in_jax_jit_and_removes_none():
+  # "tracebackhide" marks the hidden frames and removes none: a traceback has as many frames as
+  # with filtering off (flax's traceback_util_test test_dynamic_exclusion counts them)
+  for jit in (jax.jit, donate.jit):
+    marked, _ = _frames(jit, "tracebackhide", marked=True)
+    assert marked == _frames(jit, "off")[0]
+  assert len(marked) > len(_frames(donate.jit, "tracebackhide")[0])
 
 
 def test_a_nan_found_by_debug_nans_after_cached_calls_raises_as_in_jax_jit():

@@ -169,10 +169,8 @@ def traced_without_donation(traced):
 def traced_with_donation(traced, leaves: set[int]):
   """A copy of a `jax.stages.Traced` that donates also the argument leaves `leaves` (indices
   into its flat arguments): what a memory profile's advice compiles to measure a donation."""
-  donated = list(traced._params["donated_invars"])
   first = len(traced._consts)
-  for k in leaves:
-    donated[first + k] = True
+  donated = [d or i - first in leaves for i, d in enumerate(traced._params["donated_invars"])]
   return _donating(traced, tuple(donated))
 
 
@@ -399,10 +397,11 @@ def backends_are_initialized() -> bool:
 
 # Tracebacks: JAX hides its own frames from the tracebacks users see and from the source locations
 # it gives equations and HLO; donate's frames between the user's call and JAX's are hidden the
-# same way. No public API registers a path for either.
+# same way (in JAX's mode: "off", "tracebackhide" or removing them). No public API does either.
 from jax._src import traceback_util as _traceback_util
 
 api_boundary = _traceback_util.api_boundary  # where a filtered traceback starts (jax.jit's calls)
+traceback_filtering_mode = _traceback_util._filtering_mode
 
 
 def hide_from_tracebacks(path: str, shown: tuple[str, ...] = ()) -> None:

@@ -269,8 +269,10 @@ def _call_failed(wrapped: JitWrapped, e: BaseException, args, kwargs) -> None:
     with contextlib.suppress(_program.Unplanned):  # (hijax types: JAX's own error stands)
       signature, call = wrapped._prepare(args, kwargs)
       signature.prepared.check_duplicates(call)
-  tb = e.__traceback__
-  if tb is not None and jax.config.jax_traceback_filtering != "off":  # type: ignore[attr-defined]
+  tb, mode = e.__traceback__, _compat.traceback_filtering_mode()
+  if tb is not None and mode == "tracebackhide":  # kept, and marked hidden as JAX marks its own
+    tb.tb_frame.f_locals["__tracebackhide__"] = True
+  elif tb is not None and mode != "off":
     e.__traceback__ = tb.tb_next
 
 
