@@ -256,7 +256,8 @@ def _call_failed(wrapped: JitWrapped, e: BaseException, args, kwargs) -> None:
   """After a call raised `e`: drops the dispatch's entries if a miss raised (its entry would fall
   back to Python for good), names both leaves of one array passed in two places (JAX rejects it
   when one is donated), and, as `jax.jit`'s filtered tracebacks start at the user's call, takes
-  `JitWrapped.__call__`'s frame off `e`'s traceback (JAX filtered the rest: `_dispatch_for`)."""
+  `JitWrapped.__call__`'s frame off `e`'s traceback, or marks it hidden where JAX marks its own
+  (JAX filtered the rest: `_dispatch_for`)."""
   if wrapped._miss_raised:
     wrapped._miss_raised = False
     _compat.clear_cpp_cache(wrapped._dispatch)
