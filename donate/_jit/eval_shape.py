@@ -18,8 +18,6 @@ import functools
 import jax
 
 _JAX_EVAL_SHAPE = jax.eval_shape
-if _JAX_EVAL_SHAPE.__module__ == __name__:  # this module reloaded: JAX's function is behind ours
-  _JAX_EVAL_SHAPE = _JAX_EVAL_SHAPE.__wrapped__  # type: ignore[attr-defined]
 _types: tuple[type, ...] = ()
 
 
