@@ -123,16 +123,16 @@ def traced_flat_shardings(traced) -> tuple[tuple, tuple, bool]:
   """
   params = traced._params
   n_consts = len(traced._consts)
-
-  def unspec(s):
-    return None if type(s).__name__ == "UnspecifiedValue" else s
-
-  ins = tuple(unspec(s) for s in params["in_shardings"][n_consts:])
-  outs = tuple(unspec(s) for s in params["out_shardings"])
+  ins = tuple([None if _unspecified(s) else s for s in params["in_shardings"][n_consts:]])
+  outs = tuple([None if _unspecified(s) else s for s in params["out_shardings"]])
   layouts = any(x is not None for x in params["in_layouts"][n_consts:]) or any(
     x is not None for x in params["out_layouts"]
   )
   return ins, outs, layouts
+
+
+def _unspecified(s) -> bool:
+  return type(s).__name__ == "UnspecifiedValue"
 
 
 def layout_key(x) -> Any:

@@ -372,7 +372,9 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   if replay:
     options = dict(policy.options) if policy is not None else {}
     inner = _inner(fn, facts.marked, plan, traced, facts.leaves, facts.in_sh, facts.out_sh, options)
-  structure = dataclasses.replace(call, leaves=[None] * len(call.leaves))
+  structure = _binding.Call(
+    [None] * len(call.leaves), call.treedef, call.key, call.positions, call.kwarg_names
+  )  # the call's structure alone (`dataclasses.replace` costs several times as much)
   realiased = not (native or replay)
   first_come = (lambda why: facts.plan(first_come=why)[0]) if realiased else None
   return Prepared(
@@ -408,7 +410,13 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   out_paths = ["out" + k for k in _binding.key_paths(traced.out_tree, out_avals)]
   # (shape, dtype) -> the output's facts, read once per call
   facts: dict[tuple, tuple[tuple[int, ...], str, int]] = {}
-  meshes = functools.cache(lambda: _route.concrete_meshes(leaves))  # read for typed outputs only
+  found: list[dict] = []  # the call's concrete meshes, read for a typed output only
+
+  def meshes() -> dict:
+    if not found:
+      found.append(_route.concrete_meshes(leaves))
+    return found[0]
+
   outputs = []
   for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh):
     if not hasattr(a, "shape"):

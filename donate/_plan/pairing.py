@@ -149,9 +149,17 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
     sources = flow.out_sources[j]
     if flow.out_explicit[j]:
       sources = {**sources, **dict.fromkeys(flow.out_explicit[j], dataflow.EXPLICIT)}
-    ok = [(i, s) for i, s in sources.items() if s > 0 and i in donated_set]
-    candidates.append([(i, s) for i, s in ok if compatible(leaves[i], out)])
-  links = collections.Counter(i for c in candidates for i, _ in c)
+    candidates.append(
+      [
+        (i, s)
+        for i, s in sources.items()
+        if s > 0 and i in donated_set and compatible(leaves[i], out)
+      ]
+    )
+  links: dict[int, int] = {}  # how many outputs each leaf is linked to
+  for c in candidates:
+    for i, _ in c:
+      links[i] = links.get(i, 0) + 1
   linked = []
   for j, found in enumerate(candidates):
     # One input linked to this output alone: first come, first served pairs the same, so
