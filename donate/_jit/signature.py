@@ -410,13 +410,7 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   out_paths = ["out" + k for k in _binding.key_paths(traced.out_tree, out_avals)]
   # (shape, dtype) -> the output's facts, read once per call
   facts: dict[tuple, tuple[tuple[int, ...], str, int]] = {}
-  found: list[dict] = []  # the call's concrete meshes, read for a typed output only
-
-  def meshes() -> dict:
-    if not found:
-      found.append(_route.concrete_meshes(leaves))
-    return found[0]
-
+  meshes = functools.cache(lambda: _route.concrete_meshes(leaves))  # read for typed outputs only
   outputs = []
   for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh):
     if not hasattr(a, "shape"):

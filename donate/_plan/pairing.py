@@ -156,10 +156,7 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
         if s > 0 and i in donated_set and compatible(leaves[i], out)
       ]
     )
-  links: dict[int, int] = {}  # how many outputs each leaf is linked to
-  for c in candidates:
-    for i, _ in c:
-      links[i] = links.get(i, 0) + 1
+  links = collections.Counter(i for c in candidates for i, _ in c)
   linked = []
   for j, found in enumerate(candidates):
     # One input linked to this output alone: first come, first served pairs the same, so
