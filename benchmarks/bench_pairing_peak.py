@@ -24,6 +24,12 @@ rows where donate.jit's peak is above the mirrored order's.
 Needs optax (the test extra). About 20 s on 2 cores (jax 0.10), 45 s (jax 0.12):
 
   python benchmarks/bench_pairing_peak.py [--targets cpu1,cpu8,h100] [--rows tie,leapfrog,...]
+      [--compile-times REPEATS]
+
+`--compile-times` also times `lower().compile()` of each row (fresh step functions, jax.jit and
+donate.jit alternating, median of REPEATS) and counts the programs donate.jit compiles: 2 where
+the re-paired program is checked against `jax.jit`'s own (any re-paired program that needs
+temporaries or leaves a donated buffer unused).
 """
 
 from __future__ import annotations
@@ -378,17 +384,55 @@ def summary(results) -> str:
   return "\n".join(lines)
 
 
+class _Compiles:
+  """Counts XLA compiles (JAX's backend-compile events) while `active`."""
+
+  def __init__(self):
+    self.count, self.active = 0, False
+    jax.monitoring.register_event_duration_secs_listener(self._heard)
+
+  def _heard(self, event, duration, **kwargs):
+    if self.active and event == "/jax/core/compile/backend_compile_duration":
+      self.count += 1
+
+
+def compile_times(names, target: str, mesh, repeats: int) -> str:
+  """`lower().compile()` of fresh functions, median of `repeats` (jax.jit and donate.jit
+  alternating which goes first), and how many programs donate.jit compiled."""
+  compiles, lines = _Compiles(), []
+  for name in names:
+    times, counts = {jax.jit: [], donate.jit: []}, set()
+    for k in range(repeats):
+      for jit in (jax.jit, donate.jit) if k % 2 else (donate.jit, jax.jit):
+        step, donate_argnums, args, context = ROWS[name](mesh)  # a new step function
+        with warnings.catch_warnings(), context():
+          warnings.simplefilter("ignore")
+          compiles.count, compiles.active = 0, True
+          start = time.perf_counter()
+          jit(step, donate_argnums=donate_argnums).lower(*args).compile()
+          times[jit].append(time.perf_counter() - start)
+          compiles.active = False
+        if jit is donate.jit:
+          counts.add(compiles.count)
+    theirs, ours = (float(np.median(times[j])) for j in (jax.jit, donate.jit))
+    lines.append(f"| {name} | {target} | {theirs * 1e3:.0f} ms | {ours * 1e3:.0f} ms | "
+                 f"{ours / theirs:.2f}x | {', '.join(map(str, sorted(counts)))} |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--targets", default="cpu1,cpu8,h100")
   parser.add_argument("--rows", default=",".join(ROWS))
+  parser.add_argument("--compile-times", type=int, default=0, metavar="REPEATS",
+                      help="also time lower().compile() of each row, median of REPEATS")
   a = parser.parse_args(argv)
   names = [n for n in a.rows.split(",") if n]
   for n in names:
     if n not in ROWS:
       parser.error(f"unknown row {n!r}; rows: {', '.join(ROWS)}")
   start = time.perf_counter()
-  results, skipped = [], []
+  results, skipped, times = [], [], []
   for target in [t for t in a.targets.split(",") if t]:
     mesh = make_mesh(target)
     if isinstance(mesh, str):
@@ -396,6 +440,8 @@ def main(argv=None) -> int:
       continue
     for name in names:
       results.append(measure(name, target, mesh))
+    if a.compile_times:
+      times.append(compile_times(names, target, mesh, a.compile_times))
   print(f"### Compiled peak, jax.jit vs donate.jit pairing (jax {jax.__version__}, "
         f"Python {sys.version.split()[0]}, donate from {Path(donate.__file__).parent})\n")
   print(table(results))
@@ -403,6 +449,11 @@ def main(argv=None) -> int:
   for s in skipped:
     print(s)
   print(summary(results))
+  if times:
+    print(f"\n### lower().compile() of a fresh step function, median of {a.compile_times}\n")
+    print("| row | target | jax.jit | donate.jit | ratio | programs donate.jit compiled |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(times))
   print(f"\n{time.perf_counter() - start:.0f} s")
   return 0
 

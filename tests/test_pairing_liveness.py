@@ -11,6 +11,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import donate
+from donate._base.text import format_bytes
 
 N = 1 << 18  # 1 MiB of float32
 
@@ -123,3 +124,148 @@ def test_where_xla_copies_a_re_paired_buffer_the_lower_peak_of_both_programs_is_
   got = donate.jit(f, donate_argnums=(0, 1))(*args_on(jax.devices()[0]))
   want = jax.jit(f)(*args_on(jax.devices()[0]))
   assert all(jnp.array_equal(x, y) for x, y in zip(got, want))
+
+
+def peak_of(compiled):
+  m = compiled.memory_analysis()
+  return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+          + m.temp_size_in_bytes)
+
+
+def test_an_input_returned_unchanged_in_place_is_checked_against_first_come():
+  """First come, first served gives `a` to out[0] (and copies `a` into out[2]); donate keeps
+  `a` in place as out[2]. XLA lays the rest out otherwise, here in more memory: both programs
+  are compiled and the lower peak kept."""
+
+  def f(a, b):
+    ones = a * 0.0 + 1.0
+    triple = ones + ones * 2.0
+    shifted = ones + jnp.sum(ones.at[0].set(7.0))
+    return jnp.flip(shifted), triple, a, triple
+
+  args = (jnp.linspace(0.0, 1.0, 1 << 14), jnp.linspace(1.0, 2.0, 1 << 14))
+  _, ours = temps(donate.jit, f, args)
+  _, theirs = temps(jax.jit, f, args)
+  assert peak_of(ours) <= peak_of(theirs)
+  said = ("a returned unchanged as out[2] (first come, first served: out[0]) in the re-paired "
+          "program: peak ")
+  (note,) = [n for n in ours.plan.notes if said in n]
+  kept_ours = note.endswith("; the re-paired program is kept")
+  assert kept_ours or "; jax.jit's own is kept" in note
+  assert ours.plan.aliases.get("out[2]" if kept_ours else "out[0]") == "a"
+  a, b = (jnp.linspace(0.0, 1.0, 1 << 14), jnp.linspace(1.0, 2.0, 1 << 14))
+  got = donate.jit(f, donate_argnums=(0, 1))(a, b)
+  want = jax.jit(f)(*args)
+  assert a.is_deleted() and not b.is_deleted()  # b is unused: kept, as jax.jit keeps it
+  assert all(jnp.array_equal(x, y) for x, y in zip(got, want))
+
+
+_BACKEND_COMPILES = [0]  # XLA compiles so far (JAX's backend-compile events)
+
+
+def _heard(event, duration, **kwargs):
+  if event == "/jax/core/compile/backend_compile_duration":
+    _BACKEND_COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_heard)
+
+
+def compiles_of(thunk):
+  """`(thunk(), how many programs XLA compiled for it)`."""
+  before = _BACKEND_COMPILES[0]
+  result = thunk()
+  return result, _BACKEND_COMPILES[0] - before
+
+
+def leapfrog(u, u_prev):
+  return 2.0 * u - u_prev + 0.01 * jnp.roll(u, 1), u
+
+
+def leapfrog_stencil(u, u_prev):  # a temporary (4 bytes for its energy factor on jax 0.10)
+  lap = jnp.roll(u, 1) + jnp.roll(u, -1) - 2.0 * u
+  return 2.0 * u - u_prev + 0.01 * lap * jnp.sum(u * u_prev), u * 1.0
+
+
+@pytest.mark.parametrize("step", [leapfrog, leapfrog_stencil])
+def test_a_re_paired_program_at_the_least_peak_is_compiled_once(step):
+  """(u, u_prev) -> (u_next, u): the re-paired program (u stays as out[1], u_prev takes u_next)
+  reuses both buffers. With no temporaries no pairing can have a lower peak: it is compiled
+  once, with no check against first come, first served (which copies u). With a temporary,
+  even of 4 bytes, `jax.jit`'s own is compiled too, and the lower peak kept."""
+  args = args_on(jax.devices()[0])
+  _, theirs = temps(jax.jit, step, args)
+  (_, ours), count = compiles_of(lambda: temps(donate.jit, step, args))
+  least = ours.memory_analysis().temp_size_in_bytes == 0
+  assert least == (step is leapfrog)
+  assert count == (1 if least else 2)
+  assert peak_of(ours) < peak_of(theirs)
+  assert ours.plan.aliases == {"out[0]": "u_prev", "out[1]": "u"}
+  notes = [n for n in ours.plan.notes if "re-paired program" in n]
+  temp = format_bytes(ours.memory_analysis().temp_size_in_bytes)
+  assert notes == ([] if least else [
+    f"the re-paired program needs {temp} of temporaries: peak {format_bytes(peak_of(ours))}, "
+    f"first come, first served {format_bytes(peak_of(theirs))}; the re-paired program is kept"])
+  fresh = lambda u, u_prev: step(u, u_prev)  # noqa: E731: a new function, none of its caches
+  fresh_args = args_on(jax.devices()[0])
+  (x, y), count = compiles_of(lambda: donate.jit(fresh, donate_argnums=(0, 1))(*fresh_args))
+  assert count == (1 if least else 2)  # the first call compiles as often
+  want = jax.jit(step)(*args_on(jax.devices()[0]))
+  assert jnp.array_equal(x, want[0]) and jnp.array_equal(y, want[1])
+
+
+def cumsum_first(a, b):  # the cumulative sum needs a temporary; the re-paired peak is lower
+  return jnp.cumsum(b) + 1.0, a * 2.0
+
+
+def cumsum_shared(a, b):  # both programs peak alike: the re-paired one (no copy) is kept
+  c = jnp.cumsum(a)
+  return b + c[::-1], a * 2.0 + c
+
+
+@pytest.mark.parametrize("step", [cumsum_first, cumsum_shared])
+def test_a_re_paired_program_with_temporaries_is_checked_against_first_come(step):
+  """Pairs b -> out[0] and a -> out[1] (first come, first served: a -> out[0]); the re-paired
+  program needs a temporary of 1 MiB, so `jax.jit`'s own is compiled too (two compiles) and the
+  lower peak kept, the re-paired one on a tie; the plan says so."""
+  args = args_on(jax.devices()[0])
+  _, theirs = temps(jax.jit, step, args)
+  (_, ours), count = compiles_of(lambda: temps(donate.jit, step, args))
+  assert count == 2
+  assert peak_of(ours) <= peak_of(theirs)
+  assert ours.plan.aliases == {"out[0]": "b", "out[1]": "a"}
+  (note,) = [n for n in ours.plan.notes if "re-paired program" in n]
+  assert note.startswith("the re-paired program needs 1.1 MiB of temporaries: peak ")
+  assert note.endswith("; the re-paired program is kept")
+  a, b = args_on(jax.devices()[0])
+  got = donate.jit(step, donate_argnums=(0, 1))(a, b)
+  want = jax.jit(step)(*args_on(jax.devices()[0]))
+  assert a.is_deleted() and b.is_deleted()
+  assert all(jnp.array_equal(x, y) for x, y in zip(got, want))
+
+
+def test_a_re_paired_program_xla_rejects_runs_as_jax_jits_own():
+  """Over 8 devices `a * 0 + 1` is an elementwise update of the sharded `a`, but XLA folds it to
+  a constant and replicates it, so an alias of `a`'s shards to it is rejected when compiling: the
+  signature runs `jax.jit`'s own program, and the plan says why."""
+  sharding = NamedSharding(mesh(8), P("x"))
+
+  def f(a):
+    return jnp.flip(a), a * 0 + 1
+
+  def make():
+    return jax.device_put(jnp.arange(128 * 128, dtype=jnp.int32).reshape(128, 128), sharding)
+
+  compiled = donate.jit(f, donate_argnums=0).lower(make()).compile()
+  theirs = jax.jit(f, donate_argnums=0).lower(make()).compile()
+  (note,) = [n for n in compiled.plan.notes if "XLA rejects the re-paired program" in n]
+  assert note.endswith("jax.jit's own is kept; outputs reuse donated buffers first come, first "
+                       "served")
+  assert compiled.plan.aliases == {"out[0]": "a"}
+  assert peak_of(compiled) == peak_of(theirs)
+  a = make()
+  got = donate.jit(f, donate_argnums=0)(a)
+  want = jax.jit(f)(make())
+  assert a.is_deleted()
+  for x, y in zip(got, want, strict=True):
+    assert jnp.array_equal(x, y) and x.sharding == y.sharding

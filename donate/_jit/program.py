@@ -23,7 +23,7 @@ from donate._jit import binding as _binding
 from donate._jit import compiled as _compiled
 from donate._jit.signature import Prepared, warn_unusable
 from donate._plan import donation_plan as _donation_plan
-from donate._plan.decision_types import Action, Request
+from donate._plan.decision_types import Action, Cause, Request
 from donate._xla import copies as _copies
 
 
@@ -97,12 +97,14 @@ def compile_program(
   copies XLA added too, unless `with_copies=False` and the function is not strict about them;
   the memory profile with `with_profile` or `strict="copies"`). `first`: the signature's first
   compile with its own options, which says late unusable donations and, for a re-paired program
-  that XLA copies anyway, compares its peak with `jax.jit`'s own (`_lower_peak_of_two`)."""
+  that may need more memory, compares its peak with `jax.jit`'s own (`_lower_peak_of_two`). A
+  re-paired program XLA rejects runs as `jax.jit`'s own (`_compiled_or_first_come`)."""
   options = prep.fn.options
   given = {"compiler_options": compiler_options, "device_assignment": device_assignment}
   kwargs = {k: v for k, v in given.items() if v is not None}
   with_copies = with_copies or options.strict_copies or bool(kwargs)
-  program = _realized(prep, lowered, lowered.compile(**kwargs), with_copies)
+  prep, lowered, compiled = _compiled_or_first_come(prep, lowered, kwargs)
+  program = _realized(prep, lowered, compiled, with_copies)
   if prep.realiased and first and not kwargs:
     program = _lower_peak_of_two(program, with_copies)
   _check_unusable(program, prep.plan, warn_late=first)
@@ -117,6 +119,42 @@ def compile_program(
   if program.plan.placements is not None:
     program.plan.placements.check(strict=options.strict_unusable)
   return program
+
+
+def _compiled_or_first_come(prep: Prepared, lowered, kwargs: dict) -> tuple:
+  """`(prep, lowered, compiled)`: `lowered` compiled, or, where XLA rejects the aliases of a
+  re-paired program (an output its sharding propagation lays out otherwise than the input whose
+  buffer it takes, over several devices), `jax.jit`'s own first-come program, whose error, if it
+  has one too, is `jax.jit`'s own."""
+  try:
+    return prep, lowered, lowered.compile(**kwargs)
+  except Exception as e:  # any rejection of the re-paired program: said in the plan
+    if not _first_come_can_run(prep):
+      raise
+    said = str(e).strip().splitlines()
+    rejected = f"XLA rejects the re-paired program ({type(e).__name__}: {said[0] if said else ''})"
+  first_come = prep.as_first_come(rejected + "; jax.jit's own is kept")
+  theirs = _first_come_lowering(first_come)
+  return first_come, theirs, theirs.compile(**kwargs)
+
+
+def _first_come_can_run(prep: Prepared) -> bool:
+  """Whether `jax.jit`'s own first-come program can stand in for the re-paired one: only
+  `donate_argnums`/`donate_argnames` ask for donation (it would drop donate's own markers)."""
+  by_argument = (None, Request.DONATE_ARGNUMS, Request.DONATE_ARGNAMES)
+  return (
+    prep.realiased
+    and prep.first_come is not None
+    and all(d.request in by_argument for d in prep.plan.decisions)
+  )
+
+
+def _first_come_lowering(prep: Prepared):
+  """`jax.jit`'s own lowering of the signature's trace (its unusable-donation warning silenced:
+  the plan says the unusable donations)."""
+  with prep.fn.gate, warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
+    return prep.traced.lower()
 
 
 def _realized(prep: Prepared, lowered, compiled, with_copies: bool) -> Program:
@@ -146,31 +184,84 @@ def _check_unusable(program: Program, planned: _donation_plan.DonationPlan, warn
 
 
 def _lower_peak_of_two(ours: Program, with_copies: bool) -> Program:
-  """Where XLA copies a donated buffer of the re-paired program anyway, `jax.jit`'s own
-  first-come program is compiled too and the one with the lower peak kept (once per
-  signature); the plan says which, and why."""
-  prep, plan = ours.prep, ours.plan
-  copies = ours.copies(prep.fn.options.copy_threshold)  # the plan's own, when read already
-  consumed = {d.path for d in plan.decisions if d.consumed}
-  copied = sorted({c.input_path for c in copies if c.input_path in consumed})
-  if not copied or prep.first_come is None:
+  """Unless the re-paired program's peak can be above no other pairing's (`_most_above_least`
+  is 0: the least peak possible), `jax.jit`'s own first-come program is compiled too and
+  the one with the lower peak kept (once per signature; the re-paired one on a tie, unless XLA
+  copies a donated buffer of it); the plan says which, and why: XLA copies a donated buffer of
+  it anyway, or an input returned unchanged keeps its buffer as that output where first come,
+  first served gives the buffer to another output, or it needs temporaries (XLA lays the values
+  of two pairings out otherwise, not always in less memory for the one that copies less)."""
+  prep = ours.prep
+  if not _first_come_can_run(prep) or _most_above_least(ours) == 0:
     return ours
-  with prep.fn.gate, warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=_errors.JAX_UNUSABLE_PREFIX)
-    theirs_lowered = prep.traced.lower()
+  copied = _copied_why(ours)
+  why = copied or _passthrough_why(prep) or _temporaries_why(ours)
+  theirs_lowered = _first_come_lowering(prep)
   theirs_compiled = theirs_lowered.compile()
   ours_peak = _donation_plan.MemoryStats.from_compiled(ours.compiled)
   theirs_peak = _donation_plan.MemoryStats.from_compiled(theirs_compiled)
   if ours_peak is None or theirs_peak is None:
     return ours
-  mine, fcfs = format_bytes(ours_peak.peak_bytes), format_bytes(theirs_peak.peak_bytes)
-  why = f"XLA copies {', '.join(copied)} in the re-paired program: peak {mine}, first come, "
-  why += f"first served {fcfs}"
-  if ours_peak.peak_bytes < theirs_peak.peak_bytes:
+  mine, fcfs = ours_peak.peak_bytes, theirs_peak.peak_bytes
+  why += f": peak {format_bytes(mine)}, first come, first served {format_bytes(fcfs)}"
+  if mine < fcfs or (mine == fcfs and not copied):
     note = why + "; the re-paired program is kept"
+    plan = ours.plan
     return dataclasses.replace(ours, plan=dataclasses.replace(plan, notes=plan.notes + (note,)))
   first_come = prep.as_first_come(why + "; jax.jit's own is kept")
   return _realized(first_come, theirs_lowered, theirs_compiled, with_copies)
+
+
+def _most_above_least(ours: Program) -> int | None:
+  """The most the program's peak can be above that of any pairing of the same step, in bytes
+  (None when not known): its temporaries and the donated buffers it keeps and does not reuse
+  (arguments and outputs are those of every pairing; no pairing needs fewer than no
+  temporaries or reuses more than every donated buffer)."""
+  stats = ours.plan.memory or _donation_plan.MemoryStats.from_compiled(ours.compiled)
+  if stats is None:
+    return None
+  kept = [d for d in ours.plan.decisions if d.requested and d.action != Action.UNUSED]
+  unreused = [d.info.nbytes for d in kept if d.action != Action.ALIASED]
+  if not all(isinstance(n, int) for n in unreused):  # symbolic sizes
+    return None
+  return stats.temp_bytes + sum(unreused)
+
+
+def _temporaries_why(ours: Program) -> str:
+  """What keeps the re-paired program's peak possibly above another pairing's."""
+  stats = ours.plan.memory or _donation_plan.MemoryStats.from_compiled(ours.compiled)
+  if stats is not None and stats.temp_bytes:
+    return f"the re-paired program needs {format_bytes(stats.temp_bytes)} of temporaries"
+  return "the re-paired program does not reuse every donated buffer"
+
+
+def _copied_why(ours: Program) -> str:
+  """What XLA copies of the donated buffers of the re-paired program ("" when nothing)."""
+  plan = ours.plan
+  copies = ours.copies(ours.prep.fn.options.copy_threshold)  # the plan's own, when read already
+  consumed = {d.path for d in plan.decisions if d.consumed}
+  copied = sorted({c.input_path for c in copies if c.input_path in consumed})
+  return f"XLA copies {', '.join(copied)} in the re-paired program" if copied else ""
+
+
+def _passthrough_why(prep: Prepared) -> str:
+  """The inputs the re-paired plan leaves in place as their own unchanged outputs where first
+  come, first served gives their buffers to other outputs ("" when none)."""
+  plan = prep.plan
+  kept = [i for i, d in enumerate(plan.decisions) if d.cause == Cause.RETURNED_UNCHANGED]
+  if not kept or prep.first_come is None:
+    return ""
+  ours, theirs = plan.pairs(), prep.first_come("the peak check").pairs()
+  moved = [i for i in kept if theirs.get(i) != ours.get(i)]
+  if not moved:
+    return ""
+  outputs, decisions = plan.outputs, plan.decisions
+  said = [
+    f"{decisions[i].path} returned unchanged as {decisions[i].output}"
+    + (f" (first come, first served: {outputs[theirs[i]].path})" if i in theirs else "")
+    for i in moved
+  ]
+  return f"{', '.join(said)} in the re-paired program"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
