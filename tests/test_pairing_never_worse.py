@@ -11,7 +11,8 @@ unless it has the least peak any pairing can have, `jax.jit`'s own is compiled t
 kept. For each program:
 
 * peak (arguments + outputs - aliased + temporaries, `memory_analysis()`) <= `jax.jit`'s;
-* the outputs equal `jax.jit`'s without donation, bit for bit;
+* the outputs equal `jax.jit`'s without donation, bit for bit, with the shardings of
+  `jax.jit`'s with it;
 * no input outside `donate_argnums` is consumed, and where `jax.jit` compiles, so does donate.
 
 The explicit examples are programs this check once failed on: an input returned unchanged left in
@@ -126,8 +127,12 @@ def check(program, sharding_of):
     warnings.simplefilter("ignore")
     got = donate.jit(step, donate_argnums=donated)(*args)
   want = jax.jit(step)(*inputs(ins, sharding_of))
-  for x, y in zip(got, want, strict=True):
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    placed = jax.jit(step, donate_argnums=donated)(*inputs(ins, sharding_of))
+  for x, y, z in zip(got, want, placed, strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert x.sharding == z.sharding, (program, x.sharding, z.sharding)
   assert not [i for i, x in enumerate(args) if i not in donated and x.is_deleted()]
 
 
