@@ -192,17 +192,19 @@ def _lower_peak_of_two(ours: Program, with_copies: bool) -> Program:
   first served gives the buffer to another output, or it needs temporaries (XLA lays the values
   of two pairings out otherwise, not always in less memory for the one that copies less)."""
   prep = ours.prep
-  if not _first_come_can_run(prep) or _most_above_least(ours) == 0:
+  if not _first_come_can_run(prep):
+    return ours
+  stats = ours.plan.memory or _donation_plan.MemoryStats.from_compiled(ours.compiled)
+  if stats is None or _most_above_least(ours.plan, stats) == 0:
     return ours
   copied = _copied_why(ours)
-  why = copied or _passthrough_why(prep) or _temporaries_why(ours)
+  why = copied or _passthrough_why(prep) or _temporaries_why(stats)
   theirs_lowered = _first_come_lowering(prep)
   theirs_compiled = theirs_lowered.compile()
-  ours_peak = _donation_plan.MemoryStats.from_compiled(ours.compiled)
   theirs_peak = _donation_plan.MemoryStats.from_compiled(theirs_compiled)
-  if ours_peak is None or theirs_peak is None:
+  if theirs_peak is None:
     return ours
-  mine, fcfs = ours_peak.peak_bytes, theirs_peak.peak_bytes
+  mine, fcfs = stats.peak_bytes, theirs_peak.peak_bytes
   why += f": peak {format_bytes(mine)}, first come, first served {format_bytes(fcfs)}"
   if mine < fcfs or (mine == fcfs and not copied):
     note = why + "; the re-paired program is kept"
@@ -212,25 +214,24 @@ def _lower_peak_of_two(ours: Program, with_copies: bool) -> Program:
   return _realized(first_come, theirs_lowered, theirs_compiled, with_copies)
 
 
-def _most_above_least(ours: Program) -> int | None:
-  """The most the program's peak can be above that of any pairing of the same step, in bytes
-  (None when not known): its temporaries and the donated buffers it keeps and does not reuse
-  (arguments and outputs are those of every pairing; no pairing needs fewer than no
-  temporaries or reuses more than every donated buffer)."""
-  stats = ours.plan.memory or _donation_plan.MemoryStats.from_compiled(ours.compiled)
-  if stats is None:
-    return None
-  kept = [d for d in ours.plan.decisions if d.requested and d.action != Action.UNUSED]
+def _most_above_least(
+  plan: _donation_plan.DonationPlan, stats: _donation_plan.MemoryStats
+) -> int | None:
+  """The most a compiled program's peak (`stats`, its realized `plan`) can be above that of any
+  pairing of the same step, in bytes (None with symbolic sizes): its temporaries and the
+  donated buffers it keeps and does not reuse (arguments and outputs are those of every
+  pairing; no pairing needs fewer than no temporaries or reuses more than every donated
+  buffer)."""
+  kept = [d for d in plan.decisions if d.requested and d.action != Action.UNUSED]
   unreused = [d.info.nbytes for d in kept if d.action != Action.ALIASED]
-  if not all(isinstance(n, int) for n in unreused):  # symbolic sizes
+  if not all(isinstance(n, int) for n in unreused):
     return None
   return stats.temp_bytes + sum(unreused)
 
 
-def _temporaries_why(ours: Program) -> str:
+def _temporaries_why(stats: _donation_plan.MemoryStats) -> str:
   """What keeps the re-paired program's peak possibly above another pairing's."""
-  stats = ours.plan.memory or _donation_plan.MemoryStats.from_compiled(ours.compiled)
-  if stats is not None and stats.temp_bytes:
+  if stats.temp_bytes:
     return f"the re-paired program needs {format_bytes(stats.temp_bytes)} of temporaries"
   return "the re-paired program does not reuse every donated buffer"
 
