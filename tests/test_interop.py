@@ -165,13 +165,26 @@ x, y = donate.jit(swapped, donate_argnums=(0, 1))(a, b)
 want = jax.jit(swapped)(jnp.arange(2.0**16), -jnp.arange(2.0**16))
 assert np.array_equal(x, want[0]) and np.array_equal(y, want[1])
 assert x.unsafe_buffer_pointer() == pb and a.is_deleted()
+
+def kept_first_come(a, b):  # re-paired, a stays as out[2] and peaks higher: jax.jit's own is kept
+  c = a * 0 + 1
+  d = c + c * 2
+  return jnp.flip(c + jnp.sum(c.at[0].set(7))), d, a, d
+
+make = lambda: (jnp.arange(2.0**14), -jnp.arange(2.0**14))
+f = donate.jit(kept_first_come, donate_argnums=(0, 1))
+got, want = f(*make()), jax.jit(kept_first_come)(*make())
+assert all(np.array_equal(x, y) for x, y in zip(got, want, strict=True))
+assert any("jax.jit's own is kept" in n for n in f.plan(*make()).notes)
 print("ok")
 """
 
 
 def test_persistent_compilation_cache_hits_give_the_same_results(tmp_path):
-  """Two processes share a persistent cache: the second one's program is a cache hit (the
-  cache is process-wide once set, so each run is a process of its own)."""
+  """Two processes share a persistent cache: the second one's programs are cache hits (the
+  cache is process-wide once set, so each run is a process of its own), a re-paired one and,
+  for a step whose re-paired program peaks higher, both programs its first call compiles (the
+  second run picks `jax.jit`'s own again, with `jax.jit`'s results)."""
   import subprocess
   import sys
   cache = tmp_path / "cache"
