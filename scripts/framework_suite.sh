@@ -38,8 +38,9 @@ TARGET=(--pyargs "$PACKAGE")
 if [ -n "${REPO:-}" ]; then
   TAG=${TAG:-v$("$VENV/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$PACKAGE")}
   if ! git -C "$REPO" rev-parse -q --verify "$TAG^{commit}" >/dev/null; then
-    echo "framework_suite.sh: $REPO has no tag $TAG (the installed $PACKAGE's version); install" \
-      "the version of a tag it has into $VENV first (pip install '$PACKAGE==X.Y.Z'), or set TAG" >&2
+    echo "framework_suite.sh: $REPO has no tag $TAG (TAG, by default v and the installed" \
+      "$PACKAGE's version); install the version of a tag it has into $VENV first" \
+      "(pip install '$PACKAGE==X.Y.Z'), or set TAG to one" >&2
     exit 2
   fi
   git -C "$REPO" archive "$TAG" tests | tar -x -C "$TMP"
