@@ -269,3 +269,32 @@ def test_a_re_paired_program_xla_rejects_runs_as_jax_jits_own():
   assert a.is_deleted()
   for x, y in zip(got, want, strict=True):
     assert jnp.array_equal(x, y) and x.sharding == y.sharding
+
+
+def test_where_jax_jits_own_program_does_not_compile_the_re_paired_one_runs():
+  """An uncommitted state array beside sharded parameters, every output replicated: `jax.jit`
+  aliases the state's buffer (sharded by XLA's propagation) to a replicated output of its global
+  shape, and XLA rejects its own program (an internal error, on jax 0.10 and 0.12). The peak
+  check of the re-paired program (which needs temporaries) compiles that program too: its
+  failure is said in the plan, and the re-paired program runs, with `jax.jit`'s results."""
+  over = mesh(8)
+  params, replicated = NamedSharding(over, P("x")), NamedSharding(over, P())
+
+  def step(w, m):
+    m = 0.9 * m + w
+    return jnp.sum(m), w - 0.1 * m, m
+
+  def make():
+    return jax.device_put(jnp.ones(2**14), params), jnp.zeros(2**14)  # m uncommitted
+
+  with pytest.raises(jax.errors.JaxRuntimeError, match="aliased input"):
+    jax.jit(step, donate_argnums=1, out_shardings=replicated)(*make())
+  f = donate.jit(step, donate_argnums=1, out_shardings=replicated)
+  w, m = make()
+  got = f(w, m)
+  want = jax.jit(step, out_shardings=replicated)(*make())
+  for x, y in zip(got, want, strict=True):
+    assert jnp.array_equal(x, y) and x.sharding == y.sharding
+  assert not w.is_deleted()
+  (note,) = [n for n in f.plan(*make()).notes if "jax.jit's own does not compile" in n]
+  assert note.endswith("; the re-paired program is kept") and "aliased input" in note

@@ -131,11 +131,15 @@ def _compiled_or_first_come(prep: Prepared, lowered, kwargs: dict) -> tuple:
   except Exception as e:  # any rejection of the re-paired program: said in the plan
     if not _first_come_can_run(prep):
       raise
-    said = str(e).strip().splitlines()
-    rejected = f"XLA rejects the re-paired program ({type(e).__name__}: {said[0] if said else ''})"
+    rejected = f"XLA rejects the re-paired program ({_first_line(e)})"
   first_come = prep.as_first_come(rejected + "; jax.jit's own is kept")
   theirs = _first_come_lowering(first_come)
   return first_come, theirs, theirs.compile(**kwargs)
+
+
+def _first_line(e: BaseException) -> str:
+  said = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {said[0] if said else ''}"
 
 
 def _first_come_can_run(prep: Prepared) -> bool:
@@ -190,7 +194,9 @@ def _lower_peak_of_two(ours: Program, with_copies: bool) -> Program:
   copies a donated buffer of it); the plan says which, and why: XLA copies a donated buffer of
   it anyway, or an input returned unchanged keeps its buffer as that output where first come,
   first served gives the buffer to another output, or it needs temporaries (XLA lays the values
-  of two pairings out otherwise, not always in less memory for the one that copies less)."""
+  of two pairings out otherwise, not always in less memory for the one that copies less). Where
+  `jax.jit`'s own program does not compile (XLA rejects its aliases), the re-paired one is kept
+  and the plan says so."""
   prep = ours.prep
   if not _first_come_can_run(prep):
     return ours
@@ -200,18 +206,26 @@ def _lower_peak_of_two(ours: Program, with_copies: bool) -> Program:
   copied = _copied_why(ours)
   why = copied or _passthrough_why(prep) or _temporaries_why(stats)
   theirs_lowered = _first_come_lowering(prep)
-  theirs_compiled = theirs_lowered.compile()
+  try:
+    theirs_compiled = theirs_lowered.compile()
+  except Exception as e:  # XLA rejects jax.jit's own program (its aliases): where jax.jit fails
+    return _with_note(ours, f"{why}; jax.jit's own does not compile ({_first_line(e)})")
   theirs_peak = _donation_plan.MemoryStats.from_compiled(theirs_compiled)
   if theirs_peak is None:
     return ours
   mine, fcfs = stats.peak_bytes, theirs_peak.peak_bytes
   why += f": peak {format_bytes(mine)}, first come, first served {format_bytes(fcfs)}"
   if mine < fcfs or (mine == fcfs and not copied):
-    note = why + "; the re-paired program is kept"
-    plan = ours.plan
-    return dataclasses.replace(ours, plan=dataclasses.replace(plan, notes=plan.notes + (note,)))
+    return _with_note(ours, why)
   first_come = prep.as_first_come(why + "; jax.jit's own is kept")
   return _realized(first_come, theirs_lowered, theirs_compiled, with_copies)
+
+
+def _with_note(ours: Program, why: str) -> Program:
+  """The re-paired program kept after the peak check, its plan saying why it was checked."""
+  plan = ours.plan
+  note = why + "; the re-paired program is kept"
+  return dataclasses.replace(ours, plan=dataclasses.replace(plan, notes=plan.notes + (note,)))
 
 
 def _most_above_least(
