@@ -41,6 +41,8 @@ from hypothesis import strategies as st
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_pairing_liveness import peak_of
+from test_pairing_never_worse import settings
 
 import donate
 
@@ -119,10 +121,6 @@ def _subset(draw, candidates, p_each: float, fallback):
   return picked or (fallback,)
 
 
-LOOPS = ("scan", "fori", "while", "cond", "swap")
-KINDS = (*OPTIMIZERS, *LOOPS, "by_name", "static", "module")
-
-
 @st.composite
 def steps(draw, kind, sharding_of):
   n = draw(st.integers(1, 3))
@@ -156,11 +154,8 @@ def steps(draw, kind, sharding_of):
     donated = _subset(draw, (0, 1), 0.8, 1) + (() if draw(st.integers(0, 6)) else (2,))
     return Step(train, arguments, {"donate_argnums": tuple(sorted(donated))})
 
-  loops = {
-    "scan": _scan, "fori": _fori, "while": _while, "cond": _cond, "swap": _swap,
-  }
-  if kind in loops:
-    core = loops[kind](c)
+  if kind in LOOPS:
+    core = LOOPS[kind](c)
     names = list(jax.eval_shape(core, *[jax.ShapeDtypeStruct(shape, dtype)] * 2))
     structure = draw(returns(names))
     donated = _subset(draw, (0, 1), 0.7, 0)
@@ -232,10 +227,9 @@ def _swap(c):
   return core
 
 
-def _peak(compiled) -> int:
-  m = compiled.memory_analysis()
-  return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-          + m.temp_size_in_bytes)
+# The two-array steps: kind -> the step, given a constant.
+LOOPS = {"scan": _scan, "fori": _fori, "while": _while, "cond": _cond, "swap": _swap}
+KINDS = (*OPTIMIZERS, *LOOPS, "by_name", "static", "module")
 
 
 def _bits(tree) -> list:
@@ -278,7 +272,7 @@ def check(step: Step):
     args, kwargs = step.arguments()
     ours = f.lower(*args, **kwargs).compile()
     theirs = jax.jit(step.fun, **step.jit_kwargs).lower(*args, **kwargs).compile()
-    assert _peak(ours) <= _peak(theirs), (_peak(ours), _peak(theirs))
+    assert peak_of(ours) <= peak_of(theirs), (peak_of(ours), peak_of(theirs))
     assert _bits(ours(*_dynamic(step, args), **kwargs)) == want
     # Reloaded onto the devices it was compiled for (by default JAX reloads onto all 8: an
     # executable of one device then expects 8 shards, jax.jit's own as well).
@@ -286,11 +280,6 @@ def check(step: Step):
     loaded = deserialize_and_load(*serialize(ours), execution_devices=devices)
     args, kwargs = step.arguments()
     assert _bits(loaded(*_dynamic(step, args), **kwargs)) == want
-
-
-def settings(n):
-  return hypothesis.settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                             suppress_health_check=list(hypothesis.HealthCheck), print_blob=True)
 
 
 @pytest.mark.parametrize("kind", KINDS)

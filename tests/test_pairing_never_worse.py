@@ -31,6 +31,7 @@ import pytest
 from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from test_pairing_liveness import peak_of
 
 import donate
 
@@ -111,9 +112,7 @@ def peak(jit, step, donated, args):
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     compiled = jit(step, donate_argnums=donated).lower(*args).compile()
-  m = compiled.memory_analysis()
-  return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-          + m.temp_size_in_bytes)
+  return peak_of(compiled)
 
 
 def check(program, sharding_of):

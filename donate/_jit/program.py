@@ -264,8 +264,9 @@ def _passthrough_why(prep: Prepared) -> str:
   come, first served gives their buffers to other outputs ("" when none)."""
   plan = prep.plan
   kept = [i for i, d in enumerate(plan.decisions) if d.cause == Cause.RETURNED_UNCHANGED]
-  if not kept or prep.first_come is None:
+  if not kept:
     return ""
+  assert prep.first_come is not None  # `_first_come_can_run`
   ours, theirs = plan.pairs(), prep.first_come("the peak check").pairs()
   moved = [i for i in kept if theirs.get(i) != ours.get(i)]
   if not moved:
