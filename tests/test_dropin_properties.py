@@ -13,7 +13,9 @@ as given.
 Each example runs under `jax.jit` and `donate.jit` with fresh arrays and compares: where building
 or calling fails, the same exception (donate's may be a subclass of JAX's, as `DonationError` is
 of `ValueError`); the results, bitwise, in the same structure; which arrays the call consumed; and
-whether JAX's unusable-donation warning (or donate's, which starts alike) was given.
+whether JAX's unusable-donation warning (or donate's, which starts alike) was given; and that the
+plan asks for exactly the leaves `jax.jit` reports donated (`args_info`), which `jax.jit`'s own
+program would hide where it runs the call.
 """
 
 import collections
@@ -224,6 +226,15 @@ def _outcome(jit, make, build_fun):
   return stage, got, [x.is_deleted() for x in arrays], warned
 
 
+def _assert_same_requests(build_fun, make):
+  """The plan asks for exactly the leaves `jax.jit` donates (`args_info`), leaf by leaf."""
+  args, kwargs = make()
+  theirs = build_fun(jax.jit).trace(*args, **kwargs)
+  ours = build_fun(donate.jit).trace(*args, **kwargs)
+  donated = [a.donated for a in jax.tree.leaves(theirs.args_info)]
+  assert [d.requested for d in ours.plan.decisions] == donated
+
+
 def _assert_alike(theirs, ours):
   assert ours[0] == theirs[0], (theirs, ours)
   if ours[0] == "ran":
@@ -244,11 +255,11 @@ def test_any_signature_binds_donates_and_fails_as_in_jax_jit(signature):
     exec(source, scope)
     return scope["f"]
 
-  outcomes = [
-    _outcome(jit, lambda: _bound(call), lambda jit: jit(fresh(), **options))
-    for jit in (jax.jit, donate.jit)
-  ]
+  build = lambda jit: jit(fresh(), **options)  # noqa: E731
+  outcomes = [_outcome(jit, lambda: _bound(call), build) for jit in (jax.jit, donate.jit)]
   _assert_alike(*outcomes)
+  if outcomes[0][0] == "ran":
+    _assert_same_requests(build, lambda: _bound(call))
 
 
 @settings(80)
@@ -267,12 +278,9 @@ def test_any_signature_binds_donates_and_fails_as_in_jax_jit(signature):
 )  # fmt: skip
 def test_any_pytree_of_any_leaves_donates_as_in_jax_jit(specs, donated, op, shuffle):
   donate_argnums = tuple(i for i in range(len(specs)) if donated[i])
-  outcomes = [
-    _outcome(
-      jit,
-      lambda: (_built(specs, [0]), {}),
-      lambda jit: jit(_step(op, shuffle), donate_argnums=donate_argnums),
-    )
-    for jit in (jax.jit, donate.jit)
-  ]
+  build = lambda jit: jit(_step(op, shuffle), donate_argnums=donate_argnums)  # noqa: E731
+  make = lambda: (_built(specs, [0]), {})  # noqa: E731
+  outcomes = [_outcome(jit, make, build) for jit in (jax.jit, donate.jit)]
   _assert_alike(*outcomes)
+  if outcomes[0][0] == "ran":
+    _assert_same_requests(build, make)
