@@ -144,7 +144,7 @@ LEAVES = {  # kind -> a value made from a counter
   "float32[2,2]": lambda c: jnp.full((2, 2), c, jnp.float32),
   "bfloat16[4]": lambda c: jnp.full((4,), c, jnp.bfloat16),
   "int32[4]": lambda c: jnp.full((4,), c, jnp.int32),
-  "float32[]": lambda c: jnp.float32(c) + jnp.zeros((), jnp.float32),
+  "float32[]": lambda c: jnp.full((), c, jnp.float32),
   "numpy float32[4]": lambda c: np.full((4,), c, np.float32),
   "python float": float,
   "python int": int,
@@ -207,7 +207,8 @@ def _step(op: str, shuffle: int):
 
 
 def _outcome(jit, make, build_fun):
-  """What happens under `jit`: `(stage, exception type or result, consumed, warned)`."""
+  """`(function, outcome)`: the function `build_fun(jit)` built (None where building failed)
+  and what happened, `(stage, exception type or result, consumed, warned)`."""
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     args, kwargs = make()
@@ -215,7 +216,7 @@ def _outcome(jit, make, build_fun):
     try:
       fun = build_fun(jit)
     except Exception as e:
-      return "build", type(e), [x.is_deleted() for x in arrays], False
+      return None, ("build", type(e), [x.is_deleted() for x in arrays], False)
     try:
       out = fun(*args, **kwargs)
       got = (str(jax.tree.structure(out)), [np.asarray(x).tolist() for x in jax.tree.leaves(out)])
@@ -223,19 +224,13 @@ def _outcome(jit, make, build_fun):
     except Exception as e:
       stage, got = "call", type(e)
   warned = any("donated buffers were not usable" in str(w.message) for w in caught)
-  return stage, got, [x.is_deleted() for x in arrays], warned
+  return fun, (stage, got, [x.is_deleted() for x in arrays], warned)
 
 
-def _assert_same_requests(build_fun, make):
-  """The plan asks for exactly the leaves `jax.jit` donates (`args_info`), leaf by leaf."""
-  args, kwargs = make()
-  theirs = build_fun(jax.jit).trace(*args, **kwargs)
-  ours = build_fun(donate.jit).trace(*args, **kwargs)
-  donated = [a.donated for a in jax.tree.leaves(theirs.args_info)]
-  assert [d.requested for d in ours.plan.decisions] == donated
-
-
-def _assert_alike(theirs, ours):
+def _assert_alike(jits, make, build_fun):
+  """Runs both jits (`_outcome`) and compares; where the call ran, the plan must ask for
+  exactly the leaves `jax.jit` donates (`args_info`), leaf by leaf."""
+  (their_fun, theirs), (our_fun, ours) = (_outcome(j, make, build_fun) for j in jits)
   assert ours[0] == theirs[0], (theirs, ours)
   if ours[0] == "ran":
     assert ours[1] == theirs[1]
@@ -243,23 +238,31 @@ def _assert_alike(theirs, ours):
     assert issubclass(ours[1], theirs[1]), (theirs[1], ours[1])
   assert ours[2] == theirs[2], "consumed arrays differ"
   assert ours[3] == theirs[3], "the unusable-donation warning differs"
+  if ours[0] == "ran":
+    args, kwargs = make()
+    donated = [a.donated for a in jax.tree.leaves(their_fun.trace(*args, **kwargs).args_info)]
+    assert [d.requested for d in our_fun.trace(*args, **kwargs).plan.decisions] == donated
 
 
 @settings(80)
 @hypothesis.given(signature=signatures())
+# A negative static argument number naming the only argument, which donate_argnums names too.
+@hypothesis.example(
+  signature=(
+    _source([("p0", "positional", False)], False, False),
+    {"donate_argnums": 0, "static_argnums": (-1,)},
+    [(None, True)],
+  )
+)
 def test_any_signature_binds_donates_and_fails_as_in_jax_jit(signature):
   source, options, call = signature
 
-  def fresh():  # a function of this signature, its own for each jit (no cache shared)
+  def build(jit):  # a function of this signature, its own for each jit (no cache shared)
     scope: dict = {}
     exec(source, scope)
-    return scope["f"]
+    return jit(scope["f"], **options)
 
-  build = lambda jit: jit(fresh(), **options)  # noqa: E731
-  outcomes = [_outcome(jit, lambda: _bound(call), build) for jit in (jax.jit, donate.jit)]
-  _assert_alike(*outcomes)
-  if outcomes[0][0] == "ran":
-    _assert_same_requests(build, lambda: _bound(call))
+  _assert_alike((jax.jit, donate.jit), lambda: _bound(call), build)
 
 
 @settings(80)
@@ -279,8 +282,4 @@ def test_any_signature_binds_donates_and_fails_as_in_jax_jit(signature):
 def test_any_pytree_of_any_leaves_donates_as_in_jax_jit(specs, donated, op, shuffle):
   donate_argnums = tuple(i for i in range(len(specs)) if donated[i])
   build = lambda jit: jit(_step(op, shuffle), donate_argnums=donate_argnums)  # noqa: E731
-  make = lambda: (_built(specs, [0]), {})  # noqa: E731
-  outcomes = [_outcome(jit, make, build) for jit in (jax.jit, donate.jit)]
-  _assert_alike(*outcomes)
-  if outcomes[0][0] == "ran":
-    _assert_same_requests(build, make)
+  _assert_alike((jax.jit, donate.jit), lambda: (_built(specs, [0]), {}), build)
