@@ -1,5 +1,12 @@
 """The donated, sharded step run by `_multiprocess_worker.py` and, for reference, in one process;
-`join`, how every two-process worker joins its job."""
+`join`, how every two-process worker joins its job, and `run_two`, how a test runs one."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -53,3 +60,42 @@ def make_swapped_step(mesh):
     return m, w - 0.1 * m
 
   return step
+
+
+def run_two(script: str, *args: str, timeout: float = 180) -> list[dict]:
+  """Runs `script` (a worker in this folder) as processes 0 and 1 of a two-process job on a free
+  port of 127.0.0.1 (`script ID PORT *args`), each stopped after `timeout` seconds; returns the
+  JSON report each printed on its one `RESULT ` line, in process order. Their output goes to
+  files, not pipes: a worker blocked on a full pipe would hold its peer at JAX's barriers."""
+  import donate  # noqa: PLC0415  (a worker imports this module before it joins)
+
+  here = os.path.dirname(os.path.abspath(__file__))
+  home = os.path.dirname(os.path.dirname(donate.__file__))  # the checkout, or an installed wheel's
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env["PYTHONPATH"] = os.pathsep.join([home, here, env.get("PYTHONPATH", "")])
+  env.pop("XLA_FLAGS", None)
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  with tempfile.TemporaryDirectory() as logs:
+    files = [open(os.path.join(logs, f"{k}.log"), "w+") for k in range(2)]  # noqa: SIM115
+    procs = [subprocess.Popen([sys.executable, os.path.join(here, script), str(k), str(port),
+                               *args], env=env, cwd=here, stdout=f, stderr=subprocess.STDOUT)
+             for k, f in enumerate(files)]  # fmt: skip
+    try:
+      for p in procs:
+        p.wait(timeout=timeout)
+    finally:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
+          p.wait()
+    reports = []
+    for p, f in zip(procs, files):
+      f.seek(0)
+      out = f.read()
+      f.close()
+      lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+      assert p.returncode == 0 and len(lines) == 1, out[-3000:]
+      reports.append(json.loads(lines[0][len("RESULT "):]))
+  return reports

@@ -1,7 +1,6 @@
 """The memory doctor (issue 28): the peak in the user's terms (categories from the dataflow), by
 source line with layer counts, measured advice, the persistent compilation cache, the CLI."""
 
-import json
 import os
 import re
 import subprocess
@@ -684,40 +683,14 @@ def test_the_cli_and_memory_profile_agree_on_a_scan_step(tmp_path):
   assert block.strip() == out.stdout.strip() and "activations" in block
 
 
-def _free_port() -> int:
-  import socket
-
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_jax_distributed_processes_profile_a_data_parallel_step():
   """Two processes on 127.0.0.1 (two CPU devices each), one global mesh: each profiles the
   step it compiled, and its figures are that program's `memory_analysis()`, per device."""
-  here = os.path.dirname(os.path.abspath(__file__))
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "PYTHONPATH": os.pathsep.join([ROOT, here, os.environ.get("PYTHONPATH", "")])}
-  env.pop("XLA_FLAGS", None)
-  port = _free_port()
-  procs = [subprocess.Popen([sys.executable, os.path.join(here, "_multiprocess_profile_worker.py"),
-                             str(k), str(port)], env=env, cwd=here, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for k in range(2)]
-  outputs = []
-  try:
-    for p in procs:
-      outputs.append((p.communicate(timeout=120)[0], p.returncode))
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.communicate()
-  reports = []
-  for out, code in outputs:
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert code == 0 and len(lines) == 1, out[-3000:]
-    reports.append(json.loads(lines[0][len("RESULT "):]))
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from _multiprocess_step import run_two  # noqa: PLC0415
+
+  reports = run_two("_multiprocess_profile_worker.py", timeout=120)
   assert sorted(r["process_index"] for r in reports) == [0, 1]
   for r in reports:
     assert r["devices"] == 4

@@ -7,10 +7,7 @@ collectives run a donated, sharded step (a `shard_map` psum and a reduction over
 shards) and are compared with the same step run here in one process.
 """
 
-import json
 import os
-import socket
-import subprocess
 import sys
 import threading
 
@@ -24,7 +21,7 @@ import donate
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _multiprocess_step import initial, make_step  # noqa: E402
+from _multiprocess_step import initial, make_step, run_two  # noqa: E402
 
 pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
 
@@ -141,12 +138,6 @@ def test_threads_with_donated_and_shared_arguments_and_duplicates():
 
 # ---- two processes ----------------------------------------------------------------------------
 
-def free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def single_process_reference():
   """The same three steps on four of this process's devices."""
   mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,),
@@ -163,37 +154,8 @@ def single_process_reference():
   return np.asarray(w), losses
 
 
-def run_two_processes(timeout=180):
-  port = free_port()
-  env = dict(os.environ)
-  home = os.path.dirname(os.path.dirname(donate.__file__))  # the checkout, or an installed wheel's
-  env["PYTHONPATH"] = os.pathsep.join([home, HERE, env.get("PYTHONPATH", "")])
-  env.pop("XLA_FLAGS", None)
-  worker = os.path.join(HERE, "_multiprocess_worker.py")
-  procs = [subprocess.Popen([sys.executable, worker, str(i), str(port)], env=env, cwd=HERE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  outputs = []
-  try:
-    for p in procs:
-      out, _ = p.communicate(timeout=timeout)
-      outputs.append((p.returncode, out))
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.communicate()
-  return outputs
-
-
 def test_two_jax_processes_run_a_donated_sharded_step_with_collectives():
-  outputs = run_two_processes()
-  reports = []
-  for code, out in outputs:
-    assert code == 0, out[-3000:]
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, out[-3000:]
-    reports.append(json.loads(lines[0][len("RESULT "):]))
+  reports = run_two("_multiprocess_worker.py")
   want_w, want_losses = single_process_reference()
   assert sorted(r["process_index"] for r in reports) == [0, 1]
   for r in reports:
