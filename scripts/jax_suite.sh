@@ -24,10 +24,13 @@
 # Makes .venv-jaxsuite once (PYTHON picks the interpreter, VENV the folder) with donate installed
 # editable plus what JAX's tests need (absl-py, pytest<9 as JAX pins it, pytest-xdist: `-n 2` runs
 # the tests in two processes, as JAX's CI runs them with `-n auto`). JAX_NUM_CPU_DEVICES
-# defaults to 8 (pjit_test.py asks for 8 CPU devices).
+# defaults to 8 (pjit_test.py asks for 8 CPU devices). JAX_REF takes the files at another ref of
+# the checkout (a commit, a branch) when it has no tag for the installed jax: with --compare (or
+# --plain beside --patch) only what passes unmodified counts, so files newer or older than the
+# installed jax still judge donate.
 set -euo pipefail
 if [ $# -lt 1 ]; then
-  sed -n '2,27p' "$0" >&2
+  sed -n '2,30p' "$0" >&2
   exit 2
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,7 +59,7 @@ if ! "$VENV/bin/python" -c "import absl, donate, pytest, xdist" 2>/dev/null; the
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
   "$VENV/bin/python" -m pip install -q -e "$ROOT" absl-py "pytest>=8,<9" pytest-xdist
 fi
-TAG="jax-v$("$VENV/bin/python" -c 'import jax; print(jax.__version__)')"
+TAG=${JAX_REF:-"jax-v$("$VENV/bin/python" -c 'import jax; print(jax.__version__)')"}
 suite() { "$VENV/bin/python" "$ROOT/scripts/jax_suite.py" "$@"; }
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/jax_suite.XXXXXX")

@@ -8,7 +8,7 @@ import sys
 
 import jax
 
-if sys.argv[1] == "patched":
+if __name__ == "__main__" and sys.argv[1] == "patched":
   import donate
   from donate._jit import wrapper as _jit
 

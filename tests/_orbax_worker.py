@@ -18,7 +18,7 @@ import jax
 
 BUILT: list[str] = []  # patched: the modules of the functions each donate.jit was built for
 
-if sys.argv[3] == "patched":
+if __name__ == "__main__" and sys.argv[3] == "patched":
   import donate
   from donate._jit import wrapper as _wrapper
 

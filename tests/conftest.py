@@ -4,6 +4,10 @@ import pytest
 
 import donate
 
+# The two-process and patched workers are scripts a test runs (`python _x_worker.py ...`), with no
+# doctests: collecting them would import every framework they patch for nothing.
+collect_ignore_glob = ["_*_worker.py"]
+
 
 @pytest.fixture
 def no_symmetric_requirements():
