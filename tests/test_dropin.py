@@ -588,6 +588,23 @@ def test_a_deleted_input_at_the_first_call_raises_jaxs_error(jit):
 
 
 @pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
+def test_a_buffer_a_numpy_view_holds_is_not_donated_as_in_jax_jit(fun):
+  """On CPU `np.asarray(x)` is a view of x's buffer; while it lives the runtime donates nothing
+  of x (it stays alive, the view valid) under either jit, and the results are the same."""
+  results = []
+  for jit in (jax.jit, donate.jit):
+    extra = {"copy_threshold": 0} if jit is donate.jit else {}
+    a, b = fresh() + 0.0, fresh(value=2.0) + 0.0
+    view = np.asarray(a)
+    out = jit(fun, donate_argnums=(0, 1), **extra)(a, b)
+    assert not a.is_deleted() and b.is_deleted()
+    np.testing.assert_array_equal(view, np.ones(8, np.float32))
+    results.append([np.asarray(x) for x in out])
+  for x, y in zip(*results, strict=True):
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
 @pytest.mark.parametrize("signatures", [1, 2])
 def test_a_donated_input_passed_again_to_a_cached_call_raises_jaxs_error(fun, signatures):
   """A cached call of jax.jit raises its dispatch's error for a consumed buffer; so does every
