@@ -16,7 +16,7 @@ def main(process_id: int, port: int) -> None:
   join(process_id, port)
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
-  from _multiprocess_step import N, initial, make_step  # noqa: PLC0415
+  from _multiprocess_step import N, initial, make_step, on_device  # noqa: PLC0415
   from jax.experimental import multihost_utils  # noqa: PLC0415
 
   import donate  # noqa: PLC0415
@@ -26,9 +26,7 @@ def main(process_id: int, port: int) -> None:
   w_host, x_host = initial()
 
   def global_array(host):
-    # Copied on device: a CPU array made from host memory may share it, and cannot be donated.
-    return jax.jit(lambda a: a * 1.0)(
-        jax.make_array_from_callback(host.shape, row, lambda index: host[index]))
+    return on_device(host, row)
 
   f = donate.jit(make_step(mesh), donate_argnums=0)
   w, x = global_array(w_host), global_array(x_host)

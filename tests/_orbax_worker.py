@@ -35,18 +35,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
-from _multiprocess_step import join  # noqa: E402
+from _multiprocess_step import join, on_device  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 STEPS = 5
 D_IN, D_HIDDEN, D_OUT = 512, 256, 128  # weights of 512 and 128 KiB: above copy_threshold's default
-
-
-def on_device(host, sharding):
-  # Computed on device: a CPU array made from host memory may share it, and cannot be donated.
-  return jax.jit(lambda a: a * 1.0)(
-    jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-  )
 
 
 def initial(mesh):
