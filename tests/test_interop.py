@@ -5,6 +5,7 @@ order everywhere, on one device and on eight."""
 
 import inspect
 import pickle
+import re
 import warnings
 
 import jax
@@ -151,6 +152,23 @@ def test_jax_export_of_a_re_paired_signature():
   same(again.call(*inputs(SHARDINGS["1 device"]())), jax.jit(swapped)(*inputs(
       SHARDINGS["1 device"]())))
   assert "tf.aliasing_output = 1" in exported.mlir_module()
+
+
+@pytest.mark.parametrize("donate_argnums", [(), (0, 1)])
+def test_a_program_calling_the_export_pairs_by_its_own_donations(donate_argnums):
+  """The plan's aliases in the exported module never reach a program that calls it: its own
+  donations pair the arguments, exactly as for `jax.jit`'s export (docs/limitations.md)."""
+  spec = jax.ShapeDtypeStruct((N,), jnp.float32)
+  compiled = []
+  for jit in (donate.jit, jax.jit):
+    exported = jax.export.export(jit(swapped, donate_argnums=(0, 1)))(spec, spec)
+    call = jax.export.deserialize(exported.serialize()).call
+    compiled.append(jax.jit(call, donate_argnums=donate_argnums).lower(spec, spec).compile())
+  ours, theirs = (re.findall(r"input_output_alias=\{[^}]*\}", c.as_text()) for c in compiled)
+  assert ours == theirs and bool(ours) == bool(donate_argnums)
+  memory = [c.memory_analysis() for c in compiled]
+  assert memory[0].temp_size_in_bytes == memory[1].temp_size_in_bytes
+  assert memory[0].alias_size_in_bytes == memory[1].alias_size_in_bytes
 
 
 _CACHE_RUN = """
