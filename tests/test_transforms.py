@@ -298,6 +298,59 @@ def test_alias_chain_resolves_to_the_root():
   assert plan.aliases == {"out": "a"}
 
 
+@pytest.mark.parametrize("n", [3, 0])
+def test_a_donated_leaf_whose_alias_no_output_takes_is_offered_as_jax_jit_offers_it(n):
+  """`donate_argnums` asks for x; the alias inside leads only to an output of another dtype.
+  `jax.jit` offers x to XLA as a buffer donor (an output has as many elements), which reuses a
+  zero-size buffer and not a 12-byte one for a 6-byte output; donate.jit does the same, says so
+  in its plan and warns of nothing, as the same program without the alias."""
+
+  def marked(x):
+    return (-donate.alias(x, -x)).astype(jnp.bfloat16)
+
+  def plain(x):
+    return (x * 1.0).astype(jnp.bfloat16)
+
+  header = {3: "buffer_donor={ (0, {}) }", 0: "input_output_alias={ {}: (0, {}, may-alias) }"}[n]
+  for fun in (marked, plain):
+    x, y = fresh(n), fresh(n)
+    expect = jax.jit(fun, donate_argnums=0).lower(y).compile()
+    assert header in expect.as_text()
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      compiled = donate.jit(fun, donate_argnums=0).lower(x).compile()
+      plan = donate.jit(fun, donate_argnums=0).plan(x)
+      out = donate.jit(fun, donate_argnums=0)(x)
+    assert header in compiled.as_text()
+    np.testing.assert_array_equal(out, jax.jit(fun)(fresh(n)))
+    (d,) = plan.decisions
+    if n:
+      assert (d.action, d.cause, d.consumed) == ("unusable", "donor_not_reused", False)
+      alive(x)
+    else:
+      assert (d.action, d.cause, d.output, d.consumed) == ("aliased", "donor_reused", "out", True)
+      assert x.is_deleted()
+    jax.jit(fun, donate_argnums=0)(y)
+    assert y.is_deleted() == x.is_deleted()
+
+
+def test_a_requested_leaf_planned_unusable_that_xla_aliases_is_reported_aliased():
+  """The plan tells what the compiled program does: a requested leaf it found no output for
+  becomes "aliased" when the compiled module aliases it all the same; a leaf nobody asked for
+  is never made so."""
+  def f(x, y):
+    return x[:2] * 2.0, y[:2]
+
+  with pytest.warns(donate.UnusableDonationWarning, match=r"x: float32\[3\]"):
+    plan = donate.jit(f, donate_argnums=0).plan(fresh(3), fresh(3))
+  assert [(d.action, d.requested) for d in plan.decisions] == [("unusable", True), ("kept", False)]
+  realized = plan.realize({0: 0, 1: 1}, None)
+  x, y = realized.decisions
+  assert (x.action, x.output, x.cause, x.consumed) == ("aliased", "out[0]", "donor_reused", True)
+  assert x.reason.startswith("XLA reuses it for out[0] (")
+  assert (y.action, y.output) == ("kept", None)
+
+
 # ---- bad input: error, nothing consumed -------------------------------------------------------
 
 def test_same_array_twice_is_caught_before_dispatch_naming_both_paths():

@@ -99,7 +99,7 @@ class Cause(enum.StrEnum):
   Aliased, by the dataflow link that paired it: `EXPLICIT_ALIAS`, `RETURNED_UNCHANGED`,
   `UPDATED_IN_PLACE`, `LOOP_CARRY`, `ELEMENTWISE_UPDATE`, `SAME_SHAPE_AND_DTYPE` (no link); after
   compiling, `XLA_OTHER_OUTPUT` (XLA put another output in it than planned) and `DONOR_REUSED`
-  (a donor XLA reused).
+  (a donor XLA reused, or a requested leaf the compiled program aliases all the same).
 
   Donor: `XLA_PAIRS_AFTER_PARTITIONING` (several devices, output shardings left to XLA),
   `SAME_SIZE` (a free output of as many elements, not of its shape and dtype).

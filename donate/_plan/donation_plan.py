@@ -263,7 +263,8 @@ class DonationPlan:
     """Folds in what the compiled program does: realized[leaf index] = output index it aliases.
 
     A planned alias XLA did not make becomes "unusable" with the reason (`shardings[i]` gives the
-    compiled input and output sharding when they differ); a donor XLA reused becomes "aliased",
+    compiled input and output sharding when they differ); a donor XLA reused, or a requested
+    leaf planned unusable that the compiled program aliases all the same, becomes "aliased",
     with what differs between it and the output (`out_shardings[path]`: the compiled sharding
     of the output, where known).
     """
@@ -282,7 +283,8 @@ class DonationPlan:
           decisions[i] = dataclasses.replace(
             d, action=UNUSABLE, output=None, **_not_made(d.output, shardings.get(i))
           )
-      elif d.action == DONOR:
+      elif d.action == DONOR or (d.action == UNUSABLE and got is not None and d.requested):
+        # (an unusable leaf jax.jit's own lowering still offered: XLA reused it all the same)
         if got_path and got is not None:
           differs = _differences(d, self.outputs[got], out_shardings)
           reason = f"XLA reuses it for {got_path} ({differs})"

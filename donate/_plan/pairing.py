@@ -457,8 +457,10 @@ def make_plan(
       f"dataflow pairing not applied: {first_come}; outputs reuse donated buffers "
       "first come, first served"
     )
+  # A buffer asked for by `alias` alone that no output can take is an error (see `signature`),
+  # never a donor; one `donate_argnums` asks for is offered as `jax.jit` offers it.
   explicit = set().union(*flow.out_explicit) if flow.out_explicit else set()
-  rest = [i for i in donated if i not in explicit]
+  rest = [i for i in donated if i not in explicit or sources[i][0] != Request.ALIAS]
   both = {**pairs, **copies} if copies else pairs
   donor_out = _donors(leaves, outputs, rest, both, xla_decides)
   layout = _layout(pairs, donor_out)
