@@ -15,6 +15,7 @@ legal. For each one:
   and unchanged, and every aliased output really lives in its input's buffer.
 """
 
+import collections
 import dataclasses
 import re
 import warnings
@@ -26,6 +27,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 from jax import lax
+from test_pairing_never_worse import settings
 
 import donate
 
@@ -33,9 +35,7 @@ pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
 
 SHAPES = [(), (0,), (1,), (3,), (2, 3)]
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.int32, jnp.bool_]
-SETTINGS = hypothesis.settings(max_examples=200, deadline=None, derandomize=True, database=None,
-                               suppress_health_check=list(hypothesis.HealthCheck),
-                               print_blob=True)
+SETTINGS = settings(200)
 
 
 # ---- the program model ------------------------------------------------------------------------
@@ -381,6 +381,7 @@ def check_program(data, structure, seed, n_steps):
       return check_unheld_alias(e, g, args, spare, builder.alias_roots, donate_argnums)
     for x in jax.tree.leaves(spare):
       assert not x.is_deleted()  # plan consumes nothing
+    check_warned_as_jax_jit(f, args, donate_argnums)
     leaves = jax.tree.leaves(args)
     pointers = [x.unsafe_buffer_pointer() for x in leaves]
     out = g(*args)
@@ -417,6 +418,35 @@ def check_program(data, structure, seed, n_steps):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   for d, x in zip(plan.decisions, jax.tree.leaves(again)):
     assert x.is_deleted() == d.consumed, d
+
+
+def unusable_types(caught, donated=None) -> collections.Counter:
+  """The types an unusable-donation warning lists (`donated`: only those of leaves whose path
+  starts with one of these; donate's warning names each leaf's path, `jax.jit`'s none)."""
+  found = collections.Counter()
+  for w in caught:
+    line = str(w.message).split("\n")[0]
+    if not line.startswith("Some donated buffers were not usable"):
+      continue
+    if donated is None:
+      found.update(re.findall(r"\w+\[[^\]]*\]", line))
+    else:
+      found.update(t for t, path in re.findall(r"(\w+\[[^\]]*\]) \(([^)]*)\)", line)
+                   if path.startswith(donated))
+  return found
+
+
+def check_warned_as_jax_jit(f, args, donate_argnums):
+  """donate.jit warns of a leaf `donate_argnums` donates only where `jax.jit` warns of one of
+  its type (it may warn of fewer: a better pairing uses more; its own annotations are its own)."""
+  caught = {}
+  for jit in (jax.jit, donate.jit):
+    with warnings.catch_warnings(record=True) as caught[jit]:
+      warnings.simplefilter("always")
+      jit(f, donate_argnums=donate_argnums).lower(*copies(args))
+  ours = unusable_types(caught[donate.jit], tuple(f"args[{k}]" for k in donate_argnums))
+  theirs = unusable_types(caught[jax.jit])
+  assert not ours - theirs, ([str(w.message) for w in caught[donate.jit]], theirs)
 
 
 def check_unheld_alias(error, g, args, spare, alias_roots, donate_argnums):

@@ -21,6 +21,7 @@ more temporaries without any copy, and, over 8 devices, an output XLA's sharding
 replicates while the input whose buffer it takes is sharded (XLA rejected the alias).
 """
 
+import os
 import warnings
 
 import hypothesis
@@ -42,8 +43,15 @@ SHAPES = [(N,), (128, 128), (2 * N,)]
 KINDS = ["map", "sum", "set", "reduce", "flip", "cumsum", "constraint", "fill"]
 
 
+# DONATE_PROPERTY_SCALE=k: k times as many examples, drawn at random (pytest's
+# --hypothesis-seed picks them) instead of the fixed ones CI runs: a longer hunt, run by hand.
+SCALE = float(os.environ.get("DONATE_PROPERTY_SCALE") or 0)
+
+
 def settings(n):
-  return hypothesis.settings(max_examples=n, deadline=None, derandomize=True, database=None,
+  """The property tests' settings: `n` fixed examples (or more at random, `SCALE`)."""
+  return hypothesis.settings(max_examples=max(1, round(n * SCALE)) if SCALE else n, deadline=None,
+                             derandomize=not SCALE, database=None,
                              suppress_health_check=list(hypothesis.HealthCheck), print_blob=True)
 
 
