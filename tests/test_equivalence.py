@@ -6,13 +6,17 @@ reshapes, dtype conversions, `lax.scan` (carry and xs), `lax.cond`, nested `jax.
 without its own `donate_argnums`), nested `donate.jit`, `donate.donate_buffer` and `donate.alias`
 (each inside and outside the nested bodies), with random `donate_argnums`. The generator obeys
 the documented rules (a value given up by an annotation is never read again; `alias` only between
-one shape and dtype, never input to input, one aliased source per output), so every program is
-legal. For each one:
+one shape and dtype, never input to input, one aliased source per output). A program in which an
+`alias` alone gives up a buffer no output of its type takes is refused by the documented error,
+which names only such inputs and consumes nothing (`check_unheld_alias`). For every other one:
 
 * the outputs equal `jax.jit(f)` without donation, bit for bit;
 * `g.plan` on copies consumes nothing;
+* donate.jit warns of a leaf `donate_argnums` donates only where `jax.jit` warns of one of its type;
 * after the call, every leaf the plan says is consumed is deleted, every other input leaf is alive
   and unchanged, and every aliased output really lives in its input's buffer.
+
+`DONATE_PROPERTY_SCALE` draws more examples at random (`test_pairing_never_worse.settings`).
 """
 
 import collections
