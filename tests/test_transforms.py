@@ -316,11 +316,12 @@ def test_a_donated_leaf_whose_alias_no_output_takes_is_offered_as_jax_jit_offers
     x, y = fresh(n), fresh(n)
     expect = jax.jit(fun, donate_argnums=0).lower(y).compile()
     assert header in expect.as_text()
+    g = donate.jit(fun, donate_argnums=0)
     with warnings.catch_warnings():
       warnings.simplefilter("error")
-      compiled = donate.jit(fun, donate_argnums=0).lower(x).compile()
-      plan = donate.jit(fun, donate_argnums=0).plan(x)
-      out = donate.jit(fun, donate_argnums=0)(x)
+      compiled = g.lower(x).compile()
+      plan = g.plan(x)
+      out = g(x)
     assert header in compiled.as_text()
     np.testing.assert_array_equal(out, jax.jit(fun)(fresh(n)))
     (d,) = plan.decisions

@@ -283,8 +283,8 @@ class DonationPlan:
           decisions[i] = dataclasses.replace(
             d, action=UNUSABLE, output=None, **_not_made(d.output, shardings.get(i))
           )
-      elif d.action == DONOR or (d.action == UNUSABLE and got is not None and d.requested):
-        # (an unusable leaf jax.jit's own lowering still offered: XLA reused it all the same)
+      elif d.action == DONOR or (d.action == UNUSABLE and got is not None):
+        # (an unusable leaf, always a requested one, that jax.jit's own lowering still offered)
         if got_path and got is not None:
           differs = _differences(d, self.outputs[got], out_shardings)
           reason = f"XLA reuses it for {got_path} ({differs})"
