@@ -63,3 +63,52 @@ def test_donate_keeps_the_jax_jit_it_was_imported_with():
     assert _compat.jax_jit is saved
   finally:
     jax.jit = saved
+
+
+def _nested_step(jit):
+  """A framework's step: the outer call donates `a`; an inner jitted helper donates its own
+  argument, which is the outer call's `b` (not donated there)."""
+  helper = jit(lambda b: b * 2.0, donate_argnums=0)
+  return lambda a, b: (a.sum(), helper(b))
+
+
+def test_under_the_patch_an_inner_jit_donates_inside_another_as_jax_jits_does():
+  import warnings
+
+  import jax
+  import jax.numpy as jnp
+
+  import donate
+
+  saved = jax.jit
+  explicit = donate.jit(lambda b: b * 3.0, donate_argnums=0)  # made before the patch: honoured
+  step = _nested_step(saved)
+  a, b = jnp.ones(3), jnp.ones(3)
+  expected = jax.device_get(saved(step, donate_argnums=0)(a, b))
+  assert a.is_deleted() and not b.is_deleted()  # jax.jit: the inner donation does nothing
+  try:
+    jax.jit = donate.jit
+    step = _nested_step(jax.jit)  # built as the framework builds it, under the patch
+    outer = jax.jit(step, donate_argnums=0)
+    a, b = jnp.ones(3), jnp.ones(3)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")  # jax.jit gives no warning here: neither may donate.jit
+      out = outer(a, b)
+    assert a.is_deleted() and not b.is_deleted()
+    np.testing.assert_array_equal(b, [1.0, 1.0, 1.0])  # the framework may read it again
+    for x, y in zip(jax.device_get(out), expected):
+      np.testing.assert_array_equal(x, y)
+    _, kept = outer.plan(jnp.ones(3), jnp.ones(3)).decisions
+    assert kept.action == "kept" and "inner jax.jit donation at " in kept.reason
+    # Adopted where the outer function asks for it, as for any plain inner jax.jit.
+    adopting = donate.jit(step, donate_argnums=0, adopt_inner_donation=True)
+    a, b = jnp.ones(3), jnp.ones(3)
+    with pytest.warns(donate.UnusableDonationWarning, match=r"float32\[3\] \(a\)"):
+      adopting(a, b)  # b, updated in place, takes the one output of a's type
+    assert b.is_deleted() and not a.is_deleted()
+    # A donate.jit made before the patch is donate's own marker inside a patched jax.jit.
+    a, b = jnp.ones(3), jnp.ones(3)
+    jax.jit(lambda a, b: (a.sum(), explicit(b)))(a, b)
+    assert b.is_deleted() and not a.is_deleted()
+  finally:
+    jax.jit = saved

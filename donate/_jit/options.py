@@ -19,6 +19,9 @@ class Options:
     copy_threshold: the smallest copy the plan and `Compiled.copies()` report, in bytes.
     symmetric_placement: compile GPU targets with collective-memory placement for marked values.
     jit_kwargs: every other `jax.jit` keyword.
+    patched: made while `jax.jit` is `donate.jit` (the global patch): called inside another
+      trace, it runs as the `jax.jit` it may stand for (a framework's), its donation ignored
+      there as `jax.jit` ignores it, rather than as an inner `donate.jit`, which is honoured.
 
   >>> Options(strict="copies").strict_copies, Options().keep_unused
   (True, False)
@@ -31,6 +34,7 @@ class Options:
   copy_threshold: int = 65536
   symmetric_placement: bool = True
   jit_kwargs: dict = dataclasses.field(default_factory=dict)
+  patched: bool = False
   strict_unusable: bool = dataclasses.field(init=False)
   strict_copies: bool = dataclasses.field(init=False)
 

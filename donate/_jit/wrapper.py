@@ -100,7 +100,7 @@ class JitWrapped:
     (JAX's own, for the program donate planned) being the entry of the call's signature. Under
     `jax.disable_jit()` the dispatch calls the function itself and never misses."""
     if not _compat.trace_state_clean():
-      return _nested(self._fn, args, kwargs), None
+      return _nested(self, args, kwargs), None
     try:
       return self._run_new(args, kwargs)
     except BaseException:
@@ -236,9 +236,15 @@ class JitWrapped:
 _eval_shape.install(JitWrapped)  # jax.eval_shape(f) of a donate.jit f: f's own out_info
 
 
-def _nested(fn: _signature.Function, args, kwargs):
+def _nested(wrapped: JitWrapped, args, kwargs):
   """Called inside another trace: run as `jax.jit` would, and record the donation as
-  `donate_buffer` markers so an enclosing `donate.jit` honours it."""
+  `donate_buffer` markers so an enclosing `donate.jit` honours it. A function made under the
+  global patch (`jax.jit = donate.jit`; `Options.patched`) may be a framework's `jax.jit`, whose
+  donation `jax.jit` ignores inside another trace: it runs as that `jax.jit`, and an enclosing
+  `donate.jit` lists its donation as an inner `jax.jit`'s (adopted with `adopt_inner_donation`)."""
+  fn = wrapped._fn
+  if fn.options.patched:
+    return _plain(wrapped)(*args, **kwargs)
   binding = fn.binding
   call = binding.bind(args, kwargs)
   donated = binding.donated_leaves(call)
@@ -366,6 +372,14 @@ def _dispatch_for(wrapped: JitWrapped, jitted):
   return _compat.dispatch_like(jitted, wrapped._gated.stand_in(key), miss)
 
 
+def _patched() -> bool:
+  """Whether `jax.jit` is `donate.jit` now (the global patch, also through a partial of it)."""
+  current = getattr(jax, "jit", None)
+  while isinstance(current, functools.partial):
+    current = current.func
+  return current is jit
+
+
 def _fun_name(fun) -> str:
   """The function's name for messages, through partials; never fails (a repr may raise)."""
   while isinstance(fun, functools.partial):
@@ -447,7 +461,9 @@ def jit(
     adopt_inner_donation: also donate outer inputs that a plain inner
       `jax.jit(..., donate_argnums=...)` (or `equinox.filter_jit(donate=...)`) donates. Off by
       default: like `jax.jit`, the outer call then consumes only what it was asked to; the plan
-      lists the inner donation as ignored. (An inner `donate.jit` is always honoured.)
+      lists the inner donation as ignored. (An inner `donate.jit` is honoured, but for one
+      made while `jax.jit` is `donate.jit`: that one may be a framework's `jax.jit`, and counts
+      as one.)
     copy_threshold: the smallest copy, in bytes, that the plan's "copies XLA added" section and
       `Compiled.copies()` report; a pairing that differs from `jax.jit`'s only in smaller
       buffers is not worth another program, and runs as `jax.jit` pairs it.
@@ -474,6 +490,7 @@ def jit(
 
   def wrap(f: Callable) -> JitWrapped:  # one Options per function, as jit(f, ...) makes
     options = (donate_argnums, donate_argnames, strict, adopt_inner_donation, copy_threshold)
-    return JitWrapped(f, _options.Options(*options, symmetric_placement, dict(jax_jit_kwargs)))
+    kwargs = dict(jax_jit_kwargs)
+    return JitWrapped(f, _options.Options(*options, symmetric_placement, kwargs, _patched()))
 
   return wrap if fun is None else wrap(fun)
