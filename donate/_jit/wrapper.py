@@ -374,16 +374,19 @@ def _dispatch_for(wrapped: JitWrapped, jitted):
 
 def _patched() -> bool:
   """Whether `jax.jit` is `donate.jit` now (the global patch, also through a partial of it)."""
-  current = getattr(jax, "jit", None)
-  while isinstance(current, functools.partial):
-    current = current.func
-  return current is jit
+  return _through_partials(getattr(jax, "jit", None)) is jit
+
+
+def _through_partials(fun):
+  """The function a (nested) `functools.partial` calls."""
+  while isinstance(fun, functools.partial):
+    fun = fun.func
+  return fun
 
 
 def _fun_name(fun) -> str:
   """The function's name for messages, through partials; never fails (a repr may raise)."""
-  while isinstance(fun, functools.partial):
-    fun = fun.func
+  fun = _through_partials(fun)
   name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
   return name if isinstance(name, str) else type(fun).__name__
 
