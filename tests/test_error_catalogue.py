@@ -67,7 +67,7 @@ def raise_sites():
           callee = child.exc.func
           callee = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
           if callee in ("DonationError", "DonationTypeError", "DonationRuntimeError",
-                        "_keyword_error"):
+                        "keyword_error"):
             sites.add(f"donate/{name}:{func}")
         visit(child, inner)
 

@@ -1,5 +1,5 @@
-"""Unit tests of donate._base.jaxprs (sub-jaxprs and their variable maps) and donate._base.compat (loops,
-source lines, the private reads), on both supported JAX versions."""
+"""Unit tests of donate._base.jaxprs (sub-jaxprs and their variable maps), donate._base.loops and
+donate._base.compat (source lines, the private reads), on both supported JAX versions."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +8,7 @@ import pytest
 
 from donate._base import compat as _compat
 from donate._base import jaxprs as _jaxprs
+from donate._base import loops as _loops
 
 X = jnp.ones(4)
 
@@ -22,7 +23,7 @@ def test_scan_layout_and_body_map():
   def f(c, xs):
     return jax.lax.scan(lambda c, x: (c * w + x, c), c, xs)
   eqn = eqn_of(f, X, jnp.ones((3, 4)), name="scan")
-  loop = _compat.loop_layout(eqn)
+  loop = _loops.loop_layout(eqn)
   assert (loop.kind, loop.cond_consts, loop.body_consts, loop.carries) == ("scan", 0, 1, 1)
   assert list(loop.carry_operands) == [1]
   (sub,) = _jaxprs.subs(eqn)
@@ -34,13 +35,13 @@ def test_while_layout_and_maps_for_condition_and_body():
   def f(c):
     return jax.lax.while_loop(lambda c: c[0] < limit, lambda c: c + step, c)
   eqn = eqn_of(f, X, name="while")
-  loop = _compat.loop_layout(eqn)
+  loop = _loops.loop_layout(eqn)
   assert (loop.kind, loop.carries) == ("while", 1)
   assert loop.cond_consts + loop.body_consts == len(eqn.invars) - 1
   maps = {s.key: s.in_map for s in _jaxprs.subs(eqn)}
   n = len(eqn.invars)
   assert maps["body_jaxpr"][-1] == n - 1 and maps["cond_jaxpr"][-1] == n - 1
-  assert _compat.loop_layout(eqn_of(jnp.sin, X, name="sin")) is None
+  assert _loops.loop_layout(eqn_of(jnp.sin, X, name="sin")) is None
 
 
 def test_calls_and_branches_are_transparent_with_identity_maps():

@@ -1,15 +1,16 @@
-"""Everything that depends on JAX's internals or on one JAX version's layout, in one place.
+"""Everything that depends on JAX's internals, in one place.
 
-This is the only module that imports ``jax._src`` (each import says why no public API serves) and
-the only one that decodes a layout that differs between the supported JAX versions (the operands
-of ``scan`` and ``while`` equations). Everything else in the package uses public JAX only. To
-support a new JAX version, start here (see CONTRIBUTING.md).
+This is the only module that imports ``jax._src`` (each import says why no public API serves);
+``loops`` decodes the one layout of public params that differs between the supported JAX versions
+(the operands of ``scan`` and ``while`` equations). Everything else in the package uses public JAX
+only. To support a new JAX version, start here (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import os
 from collections.abc import Container
 from typing import Any
@@ -404,6 +405,53 @@ api_boundary = _traceback_util.api_boundary  # where a filtered traceback starts
 traceback_filtering_mode = _traceback_util._filtering_mode
 
 
+def _raise(e: BaseException):
+  raise e
+
+
+_raise_at_boundary = api_boundary(_raise)
+
+
+def filter_at_boundary(e: Exception) -> None:
+  """Does to `e`, caught in the caller's frame, what `api_boundary` does to an exception raised
+  below it (filters its traceback in JAX's mode, or marks the hidden frames, unless an enclosing
+  boundary will), with no boundary frame between the user's call and the function: a bare
+  `raise` after this raises `e` as a boundary around the caller would have."""
+  tb = e.__traceback__
+  try:
+    _raise_at_boundary(e)
+  except BaseException as raised:  # e itself: here, then the boundary's frame or the filtered tb
+    below = raised.__traceback__.tb_next if raised.__traceback__ is not None else None
+    boundary = below is not None and below.tb_frame.f_code is _raise_at_boundary.__code__
+    e.__traceback__ = tb if boundary else below  # (the marks of "tracebackhide" stay on frames)
+
+
+# The first call of a `donate.jit` function traces in its C++ dispatch's miss as `jax.jit`'s own
+# miss does, with JAX's `_infer_params` called from the miss itself: the user's function then
+# runs as many frames below the user's call as under `jax.jit` (JAX's tests count them), which
+# `jax.jit(...).trace` (a boundary and a function more) cannot give.
+from jax._src import pjit as _pjit
+from jax._src import stages as _jax_stages
+
+# (jax 0.12's Traced also takes the function's source info)
+_TRACED_TAKES_SOURCE_INFO = "fun_sourceinfo" in inspect.signature(_jax_stages.Traced).parameters
+infer_params = _pjit._infer_params  # called as infer_params(*trace_target(jitted), args, kwargs)
+
+
+def trace_target(jitted) -> tuple:
+  """What `infer_params` traces for the `jax.jit` function `jitted`: its function and options."""
+  return jitted._fun, jitted._jit_info
+
+
+def traced_of(jitted, params, args_flat) -> jax.stages.Traced:
+  """The `jax.stages.Traced` that `jitted.trace(...)` makes of `infer_params`'s results."""
+  types = list(map(_pjit.convert_to_metaty, args_flat))
+  rest: tuple = (params.params, params.in_tree, params.out_tree, params.consts)
+  if _TRACED_TAKES_SOURCE_INFO:
+    rest = (*rest, jitted._jit_info.fun_sourceinfo)
+  return _jax_stages.Traced(types, *rest)
+
+
 def hide_from_tracebacks(path: str, shown: tuple[str, ...] = ()) -> None:
   """Hides frames from files under `path` as JAX's own are: in JAX's filtered tracebacks and in
   its user frames (error messages, and the locations a lowered module carries, which are then
@@ -435,65 +483,3 @@ def bound_axis_names() -> tuple:
   ()
   """
   return tuple(jex.core.unsafe_get_axis_names_DO_NOT_USE())
-
-
-# Loop equations: the operand layout of `scan` is spelled differently by the supported versions
-# (jax 0.10: `num_consts`/`num_carry`; jax 0.12: the flat trees `ft_in`); `while` splits its
-# constants between the condition and the body. Every walker reads loops through `loop_layout`.
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LoopLayout:
-  """How a ``scan`` or ``while`` equation's operands feed its body (and condition).
-
-  Operands are ``cond constants + body constants + carries + scanned inputs``; the body takes
-  ``body constants + carries + one slice of each scanned input``; the condition (``while`` only)
-  ``cond constants + carries``; the first ``carries`` results are the final carries.
-
-  Attributes:
-    kind: ``"scan"`` or ``"while"``.
-    body: the body's open jaxpr.
-    cond: the condition's open jaxpr (``while``), else None.
-    cond_consts: number of leading operands that are the condition's constants (0 for scan).
-    body_consts: number of operands, after those, that are the body's constants.
-    carries: number of loop carries.
-  """
-
-  kind: str
-  body: Any
-  cond: Any
-  cond_consts: int
-  body_consts: int
-  carries: int
-
-  @property
-  def carry_operands(self) -> range:
-    """The positions of the initial carries among the equation's operands."""
-    start = self.cond_consts + self.body_consts
-    return range(start, start + self.carries)
-
-
-def loop_layout(eqn) -> LoopLayout | None:
-  """The layout of a ``scan``/``while`` equation on every supported JAX; None for other equations.
-
-  >>> import jax
-  >>> eqn = jax.make_jaxpr(lambda c, xs: jax.lax.scan(lambda c, x: (c + x, x), c, xs))(
-  ...     0.0, jax.numpy.ones(3)).eqns[0]
-  >>> l = loop_layout(eqn)
-  >>> (l.kind, l.cond_consts, l.body_consts, l.carries, list(l.carry_operands))
-  ('scan', 0, 0, 1, [0])
-  """
-  name, p = eqn.primitive.name, eqn.params
-  if name == "scan":
-    if "num_consts" in p:
-      consts, carries = p["num_consts"], p["num_carry"]
-    else:
-      flat_consts, flat_carry, _ = p["ft_in"].unpack()
-      consts, carries = len(flat_consts), len(flat_carry)
-    return LoopLayout("scan", p["jaxpr"].jaxpr, None, 0, consts, carries)
-  if name == "while":
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    return LoopLayout(
-      "while", p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr, cn, bn, len(eqn.invars) - cn - bn
-    )
-  return None

@@ -20,6 +20,7 @@ import jax.extend as jex
 import numpy as np
 
 from donate._base import compat as _compat
+from donate._base import loops as _loops
 from donate._base import primitives as _primitives
 
 
@@ -73,7 +74,7 @@ def _identity(n_inner: int, n_outer: int, offset: int = 0) -> tuple[int | None, 
 
 
 def _while_in_map(eqn, key: str, n_inner: int) -> tuple[int | None, ...]:
-  loop = _compat.loop_layout(eqn)
+  loop = _loops.loop_layout(eqn)
   assert loop is not None, "a while equation has a loop layout"
   cn, bn = loop.cond_consts, loop.body_consts
   nconsts, const_at = (cn, 0) if key == "cond_jaxpr" else (bn, cn)

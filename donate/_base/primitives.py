@@ -68,7 +68,7 @@ CUSTOM = frozenset({
 """Opaque producers (custom derivatives, callbacks, FFI): their outputs are new buffers together."""
 
 LOOP = frozenset({"scan", "while"})
-"""Loops; ``donate._base.compat.loop_layout`` decodes their operands."""
+"""Loops; ``donate._base.loops.loop_layout`` decodes their operands."""
 
 TRACE_BACK_VIEWS = VIEW | frozenset({
     "pvary", "pbroadcast", "pcast", "symmetric", "donate_buffer", "broadcast_in_dim",

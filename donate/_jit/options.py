@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 
+from donate._base import compat as _compat
 from donate._base import errors as _errors
 
 
@@ -100,3 +102,28 @@ def _strict_modes(strict) -> tuple[bool, bool]:
       )
     )
   return bool(modes & {True, "unusable"}), "copies" in modes
+
+
+def keyword_error(name: str, fun, error: Exception, jit_kwargs: dict) -> Exception:
+  """`jax.jit`'s error for a bad argument number or name, as a DonationError of the same type
+  naming the function and its parameters; any other keyword error (a keyword `jax.jit` does not
+  have, a bad value of another keyword) is `jax.jit`'s own, unchanged: a `jax.jit` of the
+  function without the argument numbers and names raises it too."""
+  others = {k: v for k, v in jit_kwargs.items() if k not in ("static_argnums", "static_argnames")}
+  try:
+    _compat.jax_jit(fun, **others)
+  except (ValueError, TypeError):
+    return error
+  try:
+    params = ", ".join(inspect.signature(fun).parameters)
+  except (TypeError, ValueError):
+    params = "unknown"
+  cls = _errors.DonationTypeError if isinstance(error, TypeError) else _errors.DonationError
+  return cls(
+    _errors.message(
+      f"donate.jit of {name}: {str(error).rstrip('.')}",
+      expected=f"arguments of {name}({params})",
+      fix="name parameters that exist in donate_argnums/donate_argnames and static_argnums/"
+      "static_argnames, and never the same one in both",
+    )
+  )

@@ -6,7 +6,7 @@ donate reads the traced jaxpr and plans every leaf (`signature.prepare`), then t
 its lowering with the plan's aliases, or a replay of a marked program runs the call (see
 `signature` and `program`). Calls go through a C++ dispatch of JAX's own kind, keyed as the
 gate's (`_dispatch_for`): a call that matches an entry runs that entry's program; any other call
-(a new signature, another default device or jit-keyed config) plans first (`JitWrapped._miss`),
+(a new signature, another default device or jit-keyed config) plans first (`_dispatch_for`),
 and the planned program's run makes the entry. The gate's traced functions raise `_gate.Replan`
 unless donate opened them, and the gate's own dispatch runs nothing: a signature donate has not
 planned never runs unplanned. A function that donates no argument traces as `jax.jit(fun)` itself
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import os
 import threading
 import types
@@ -28,7 +27,6 @@ from typing import Any, overload
 import jax
 
 from donate._base import compat as _compat
-from donate._base import errors as _errors
 from donate._base.primitives import donate_buffer_p, remember_donate_jit
 from donate._jit import binding as _binding
 from donate._jit import eval_shape as _eval_shape
@@ -69,7 +67,7 @@ class JitWrapped:
       self._gated = _gate.gated_for(fun)
       jitted, self._traces_plain = _gated_jit(self, fun, options)
     except (ValueError, TypeError) as e:
-      raise _keyword_error(name, fun, e, options.jit_kwargs) from e
+      raise _options.keyword_error(name, fun, e, options.jit_kwargs) from e
     self._fn = _signature.Function(
       fun, name, jitted, self._gated.gate, _binding.Binding(fun, jitted), options
     )
@@ -89,36 +87,33 @@ class JitWrapped:
 
   # ---- calling ----------------------------------------------------------------------------------
   def __call__(self, *args, **kwargs):
-    try:  # JAX's C++ dispatch: a planned signature's program, or `_miss` (planning first)
+    try:  # JAX's C++ dispatch: a planned signature's program, or its miss (planning first)
       return self._dispatch(*args, **kwargs) if kwargs else self._dispatch(*args)
     except BaseException as e:
       _call_failed(self, e, args, kwargs)
       raise
 
-  def _miss(self, args, kwargs) -> tuple:
-    """A call the dispatch has no entry for: `(outputs, fastpath data or None, drop)`, the data
-    (JAX's own, for the program donate planned) being the entry of the call's signature. Under
+  def _answered(self, args, kwargs) -> tuple | None:
+    """A call the dispatch has no entry for, answered without tracing: inside another trace, or
+    a planned program that runs without an entry (found again by its key). Under
     `jax.disable_jit()` the dispatch calls the function itself and never misses."""
     if not _compat.trace_state_clean():
       return _nested(self, args, kwargs), None
-    try:
-      return self._run_new(args, kwargs)
-    except BaseException:
-      self._miss_raised = True
-      raise
-
-  def _run_new(self, args, kwargs) -> tuple:
-    """The call's program, found again (`_no_entry`) or planned and compiled, run."""
     found = self._no_entry.find(self._fn.binding, args, kwargs)
-    if found is not None:  # planned, and run without an entry: found again by its key
+    if found is not None:
       program, call = found
       try:
         return program.miss(args, kwargs, call.leaves)
-      except _gate.Replan:  # traced anew (JAX's trace evicted): planned again below
+      except _gate.Replan:  # traced anew (JAX's trace evicted): planned again
         if program.prep.inner is not None:  # a replay's own dispatch: its C++ entry must go
           _compat.clear_cpp_cache(program.prep.inner.jitted)
+    return None
+
+  def _run_traced(self, traced, args, kwargs) -> tuple:
+    """`(outputs, fastpath data or None, drop)` of a new call traced by the dispatch's miss, the
+    data (JAX's own, for the program donate planned) being the entry of the call's signature."""
     try:
-      signature, call = self._prepare(args, kwargs)
+      signature, call = self._prepare(args, kwargs, traced)
     except _program.Unplanned:  # run as jax.jit runs it (JAX keeps no C++ entry for such a call)
       with self._fn.gate:
         return self._fn.jit_miss(*args, **kwargs)
@@ -132,9 +127,10 @@ class JitWrapped:
     return out
 
   # ---- planning --------------------------------------------------------------------------------
-  def _prepare(self, args, kwargs) -> tuple[_program.Signature, _binding.Call]:
-    """Traces (through jax.jit) and plans this call; lowers and compiles nothing yet."""
-    traced = self._trace(args, kwargs)
+  def _prepare(self, args, kwargs, traced=None) -> tuple[_program.Signature, _binding.Call]:
+    """Traces (through jax.jit, unless the miss has) and plans this call; lowers and compiles
+    nothing yet."""
+    traced = self._trace(args, kwargs) if traced is None else self._traced(traced)
     if _compat.is_high(traced.jaxpr):
       raise _program.Unplanned(traced)
     call = self._fn.binding.bind(args, kwargs)
@@ -151,7 +147,9 @@ class JitWrapped:
     if self._plain_only:  # raises, or answers, as jax.jit does
       return _plain(self).trace(*args, **kwargs)
     with self._fn.gate:  # tracing lowers nothing: JAX's unusable-donation warning is not due
-      traced = self._fn.jitted.trace(*args, **kwargs)
+      return self._traced(self._fn.jitted.trace(*args, **kwargs))
+
+  def _traced(self, traced):
     if self._traces_plain:
       self._gated.count_trace(traced.jaxpr)
     else:
@@ -321,44 +319,32 @@ def _restore(fun, kwargs):
   return jit(fun, **kwargs)
 
 
-def _keyword_error(name: str, fun, error: Exception, jit_kwargs: dict) -> Exception:
-  """`jax.jit`'s error for a bad argument number or name, as a DonationError of the same type
-  naming the function and its parameters; any other keyword error (a keyword `jax.jit` does not
-  have, a bad value of another keyword) is `jax.jit`'s own, unchanged: a `jax.jit` of the
-  function without the argument numbers and names raises it too."""
-  others = {k: v for k, v in jit_kwargs.items() if k not in ("static_argnums", "static_argnames")}
-  try:
-    _compat.jax_jit(fun, **others)
-  except (ValueError, TypeError):
-    return error
-  try:
-    params = ", ".join(inspect.signature(fun).parameters)
-  except (TypeError, ValueError):
-    params = "unknown"
-  cls = _errors.DonationTypeError if isinstance(error, TypeError) else _errors.DonationError
-  return cls(
-    _errors.message(
-      f"donate.jit of {name}: {str(error).rstrip('.')}",
-      expected=f"arguments of {name}({params})",
-      fix="name parameters that exist in donate_argnums/donate_argnames and static_argnums/"
-      "static_argnames, and never the same one in both",
-    )
-  )
-
-
 def _dispatch_for(wrapped: JitWrapped, jitted):
   """The C++ dispatch of a `donate.jit` function, keyed as `jax.jit`'s own: every call whose
   arguments and JAX configuration match an entry runs that entry's program, with no Python; any
-  other call plans first (`JitWrapped._miss`, reached through a weak reference: no cycle). Its
+  other call plans first (the miss, holding a weak reference: no cycle). Its
   entries are shared by every `donate.jit` of the same function and options (`Gated.stand_in`),
   as `jax.jit`'s are: `donate.jit(f)(x)` written inline in a loop runs from C++."""
   ref = weakref.ref(wrapped)
 
-  def miss(*args, **kwargs):
-    return ref()._miss(args, kwargs)  # the dispatch dies with its function
+  def miss(*args, **kwargs):  # traces in its own frame, as jax.jit's miss: see _compat.traced_of
+    self = ref()  # the dispatch dies with its function
+    clean = _compat.trace_state_clean()
+    try:
+      answered = self._answered(args, kwargs)
+      if answered is not None:
+        return answered
+      jitted = self._fn.jitted
+      with self._fn.gate:
+        params, flat = _compat.infer_params(*_compat.trace_target(jitted), args, kwargs)
+      return self._run_traced(_compat.traced_of(jitted, params, flat), args, kwargs)
+    except BaseException as e:
+      self._miss_raised = self._miss_raised or clean  # (its entry falls back to Python for good)
+      if isinstance(e, Exception):  # JAX's traceback boundary, as around jax.jit's own miss
+        _compat.filter_at_boundary(e)
+      raise
 
   miss.__name__ = miss.__qualname__ = wrapped._fn.name
-  miss = _compat.api_boundary(miss)  # as jax.jit's own miss: tracebacks filtered from here
   o = wrapped._fn.options
   own = ("keep_unused", "inline", "static_argnums", "static_argnames")
   ours = (

@@ -27,6 +27,7 @@ from jax.extend import core as jcore
 
 from donate._base import compat as _compat
 from donate._base import errors as _errors
+from donate._base import loops as _loops
 from donate._base import primitives as _primitives
 from donate._base.jaxprs import open_jaxpr
 from donate._base.primitives import alias_p, donate_buffer_p, is_donate_jit
@@ -274,12 +275,12 @@ class _Walker:
     return finals, sources[n_carry:]
 
   def _scan(self, eqn, ins):
-    loop = _compat.loop_layout(eqn)
+    loop = _loops.loop_layout(eqn)
     finals, _ = self._loop(eqn.params["jaxpr"], ins, loop.body_consts, loop.carries)
     return finals + [(None, {})] * (len(eqn.outvars) - loop.carries)
 
   def _while(self, eqn, ins):
-    loop = _compat.loop_layout(eqn)
+    loop = _loops.loop_layout(eqn)
     cn, bn = loop.cond_consts, loop.body_consts
     self._inner(eqn.params["cond_jaxpr"], ins[:cn] + ins[cn + bn :])
     finals, _ = self._loop(eqn.params["body_jaxpr"], ins[cn:], bn, loop.carries)

@@ -33,7 +33,7 @@ from typing import Any, cast
 
 from jax.extend import core as jex_core
 
-from donate._base import compat as _compat
+from donate._base import loops as _loops
 from donate._base import primitives as _primitives
 
 # Primitives with sub-jaxprs that are not simple calls.
@@ -306,7 +306,7 @@ def _control_flow_parts(eqn, operands: list, outs: list) -> Iterable[tuple[str, 
   loop state, allocated for the whole span), and sliced or unknown parameters are `FRESH`.
   """
   p, name = eqn.params, eqn.primitive.name
-  loop = _compat.loop_layout(eqn)
+  loop = _loops.loop_layout(eqn)
   if loop is not None and loop.kind == "scan":
     nc, ncarry, sub = loop.body_consts, loop.carries, loop.body
     yield "scan", sub, operands[:nc] + outs[:ncarry] + [FRESH] * (len(sub.invars) - nc - ncarry)

@@ -14,6 +14,7 @@ import numpy as np
 
 from donate._base import compat as _compat
 from donate._base import jaxprs as _jaxprs
+from donate._base import loops as _loops
 from donate._base import primitives as _primitives
 
 _FIX_LOOP_READ = (
@@ -315,7 +316,7 @@ class JaxprLoops:
 
   def _walk(self, jaxpr) -> None:
     for eqn in jaxpr.eqns:
-      loop = _compat.loop_layout(eqn)
+      loop = _loops.loop_layout(eqn)
       if loop is not None:
         carries = loop.body.invars[loop.body_consts : loop.body_consts + loop.carries]
         key = _line_key(_compat.source_line(eqn.source_info))
