@@ -6,7 +6,7 @@ donate reads the traced jaxpr and plans every leaf (`signature.prepare`), then t
 its lowering with the plan's aliases, or a replay of a marked program runs the call (see
 `signature` and `program`). Calls go through a C++ dispatch of JAX's own kind, keyed as the
 gate's (`_dispatch_for`): a call that matches an entry runs that entry's program; any other call
-(a new signature, another default device or jit-keyed config) plans first (`_dispatch_for`),
+(a new signature, another default device or jit-keyed config) plans first (the dispatch's miss),
 and the planned program's run makes the entry. The gate's traced functions raise `_gate.Replan`
 unless donate opened them, and the gate's own dispatch runs nothing: a signature donate has not
 planned never runs unplanned. A function that donates no argument traces as `jax.jit(fun)` itself
@@ -339,7 +339,8 @@ def _dispatch_for(wrapped: JitWrapped, jitted):
         params, flat = _compat.infer_params(*_compat.trace_target(jitted), args, kwargs)
       return self._run_traced(_compat.traced_of(jitted, params, flat), args, kwargs)
     except BaseException as e:
-      self._miss_raised = self._miss_raised or clean  # (its entry falls back to Python for good)
+      if clean:  # a top-level miss raised: its entry falls back to Python for good
+        self._miss_raised = True
       if isinstance(e, Exception):  # JAX's traceback boundary, as around jax.jit's own miss
         _compat.filter_at_boundary(e)
       raise
