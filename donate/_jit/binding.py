@@ -228,7 +228,7 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   shape = tuple(aval.shape)
   dtype = _text.dtype_name(aval.dtype)
   nbytes = aval_nbytes(aval)
-  concrete = kind != HOST and not isinstance(x, jax.core.Tracer)
+  concrete = kind == DEVICE or (kind != HOST and not isinstance(x, jax.core.Tracer))
   sharding = getattr(x, "sharding", None) if concrete else None
   memory_kind = getattr(sharding, "memory_kind", None)
   text = _text.sharding_str(sharding) if sharding is not None or kind == HOST else "-"
@@ -334,5 +334,7 @@ def aval_nbytes(aval):
   12*b
   """
   itemsize = int(getattr(aval.dtype, "itemsize", 0) or 0)
-  size = math.prod(tuple(aval.shape))
-  return (int(size) if isinstance(size, (int, np.integer)) else size) * itemsize
+  size = math.prod(aval.shape)
+  if type(size) is int:  # the common case, before the slower check against numpy's integers
+    return size * itemsize
+  return (int(size) if isinstance(size, np.integer) else size) * itemsize

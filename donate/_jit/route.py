@@ -190,6 +190,8 @@ def _multi_device(leaves, outputs) -> bool:
 
 def num_devices(sharding) -> int:
   """Devices a sharding spans; abstract meshes (no devices) count by their size."""
+  if type(sharding) is jax.sharding.SingleDeviceSharding:
+    return 1
   try:
     return len(sharding.device_set)
   except Exception:  # an AbstractMesh has no devices

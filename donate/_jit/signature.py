@@ -408,11 +408,19 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   # class that checks its children when built sees arrays, never stand-ins.
   out_avals = list(traced.jaxpr.out_avals)
   out_paths = ["out" + k for k in _binding.key_paths(traced.out_tree, out_avals)]
-  # (shape, dtype) -> the output's facts, read once per call
+  # (shape, dtype) -> the output's facts; (id of the type's sharding, memory space) -> the
+  # sharding jax.jit states for it: each read once per call (the avals keep their shardings alive)
   facts: dict[tuple, tuple[tuple[int, ...], str, int]] = {}
-  meshes = functools.cache(lambda: _route.concrete_meshes(leaves))  # read for typed outputs only
+  typed: dict[tuple, Any] = {}
+  found: list[dict] = []
+
+  def meshes() -> dict:  # read for typed outputs only
+    if not found:
+      found.append(_route.concrete_meshes(leaves))
+    return found[0]
+
   outputs = []
-  for p, a, s in zip(out_paths, traced.jaxpr.out_avals, out_sh):
+  for p, a, s in zip(out_paths, out_avals, out_sh):
     if not hasattr(a, "shape"):
       outputs.append(_donation_plan.OutputInfo(p, (), type(a).__name__, 0))
       continue
@@ -421,7 +429,8 @@ def _arguments(fn: Function, call: _binding.Call, traced):
     if fact is None:
       fact = facts[key] = (tuple(a.shape), _text.dtype_name(a.dtype), _binding.aval_nbytes(a))
     if s is None:
-      s = _route.typed_out_sharding(a, meshes)
+      t = (id(getattr(a, "sharding", None)), getattr(a, "memory_space", None))
+      s = typed[t] if t in typed else typed.setdefault(t, _route.typed_out_sharding(a, meshes))
     outputs.append(_donation_plan.OutputInfo(p, *fact, s))
   return leaves, outputs, in_sh, out_sh, has_layouts
 

@@ -156,7 +156,10 @@ def _pair(leaves, outputs, donated, flow, xla_decides: bool = False):
         if s > 0 and i in donated_set and compatible(leaves[i], out)
       ]
     )
-  links = collections.Counter(i for c in candidates for i, _ in c)
+  links: dict[int, int] = {}  # leaf -> outputs linked to it (a Counter costs more to build)
+  for c in candidates:
+    for i, _ in c:
+      links[i] = links.get(i, 0) + 1
   linked = []
   for j, found in enumerate(candidates):
     # One input linked to this output alone: first come, first served pairs the same, so
