@@ -824,6 +824,33 @@ def test_a_filtered_traceback_starts_at_the_users_call_as_in_jax_jit(mode):
     assert type(error.__cause__).__name__ == "UnfilteredStackTrace"
 
 
+@pytest.mark.parametrize("mode", ["remove_frames", "quiet_remove_frames"])
+@pytest.mark.parametrize("donated", [(), (0,)])
+def test_an_error_below_a_jitted_jax_function_is_filtered_once_as_in_jax_jit(mode, donated):
+  # jnp's matmul is a jax.jit function whose boundary, seeing none above it in donate's miss,
+  # filters first: JAX's note (or its unfiltered trace) is still given once, as by jax.jit
+  import traceback
+
+  def seen(jit):
+    before = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", mode)
+    try:
+      jit(lambda x: x[:2] @ x[:3], donate_argnums=donated)(jnp.ones(3))
+    except TypeError as e:
+      chain, cause = [], e.__cause__
+      while cause is not None:
+        chain.append(type(cause).__name__)
+        cause = cause.__cause__
+      frames = [f.name for f in traceback.extract_tb(e.__traceback__)]
+      return str(e), getattr(e, "__notes__", []), chain, frames
+    finally:
+      jax.config.update("jax_traceback_filtering", before)
+
+  theirs = seen(jax.jit)
+  assert seen(donate.jit) == theirs
+  assert len(theirs[1]) == (mode == "quiet_remove_frames") and len(theirs[2]) == (mode != "quiet_remove_frames")
+
+
 def test_tracebackhide_marks_frames_as_in_jax_jit_and_removes_none():
   # "tracebackhide" marks the hidden frames and removes none: a traceback has as many frames as
   # with filtering off (flax's traceback_util_test test_dynamic_exclusion counts them)

@@ -299,3 +299,22 @@ def test_an_inner_donate_jit_already_compiled_at_the_top_level_is_honoured_insid
   a, b = fresh(), fresh()
   h(a, b)
   assert not a.is_deleted() and not b.is_deleted()
+
+
+def test_linear_transpose_of_a_donating_function_is_jax_jits():
+  # donate's markers are identities: their cotangents pass through (`alias`'s source gets none)
+  def f(a, b):
+    return a * 2.0 + b, b * 3.0
+
+  def marked(a, b):
+    a = donate.donate_buffer(a)
+    return donate.alias(a, a * 2.0), b - a
+
+  x, ct = (jnp.ones(4), jnp.ones(4)), (jnp.arange(4.0), jnp.ones(4))
+  for fun in (f, marked):
+    want = jax.linear_transpose(jax.jit(fun), *x)(ct)
+    for kw in ({}, {"donate_argnums": 0}, {"donate_argnums": (0, 1)}):
+      got = jax.linear_transpose(donate.jit(fun, **kw), *x)(ct)
+      for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+  np.testing.assert_array_equal(jax.linear_transpose(marked, *x)(ct)[0], [-1.0, 1.0, 3.0, 5.0])

@@ -129,3 +129,57 @@ def test_a_donor_xla_reuses_says_what_differs_from_its_output():
     d = donate.jit(lambda a: a.T, donate_argnums=0).plan(a).decisions[0]
   assert d.action == "aliased" and d.output == "out"
   assert d.reason.startswith("XLA reuses it for out (sharding P(None, 'x') vs P('x'))"), d.reason
+
+
+@pytest.mark.parametrize("host_first", [True, False])
+def test_an_output_put_in_host_memory_is_never_paired_with_a_device_buffer(host_first):
+  # The output's type says host memory: jax.jit pairs by the aval, memory space included, and an
+  # alias to a device buffer would fail at run time after both inputs were consumed
+  sx = NamedSharding(mesh_1d(), P("x"))
+  host = sx.with_memory_kind("pinned_host")
+
+  def f(a, b):
+    moved = jax.device_put(b + 1.0, host)
+    return (moved, a * 2.0) if host_first else (a * 2.0, moved)
+
+  seen = []
+  for jit in (jax.jit, donate.jit):
+    a, b = inputs(sx)
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      out = jit(f, donate_argnums=(0, 1))(a, b)
+    assert [o.sharding.memory_kind for o in out] == (
+      ["pinned_host", "device"] if host_first else ["device", "pinned_host"]
+    )
+    seen.append(([np.asarray(o) for o in out], a.is_deleted(), b.is_deleted()))
+  (want, *jax_deleted), (got, *deleted) = seen
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)
+  assert deleted == jax_deleted == [True, False]
+  plan = donate.jit(f, donate_argnums=(0, 1)).plan(*inputs(sx))
+  assert [d.output for d in plan.decisions] == ["out[1]" if host_first else "out[0]", None]
+
+
+@pytest.mark.parametrize("memory", ["output", "input"])
+def test_a_donation_to_another_memory_kind_is_warned_about_as_jax_jit_warns(memory):
+  # jax.jit offers a leftover donated input only to an output of its memory kind (when every
+  # kind is known): none here, so both warn and keep the input alive
+  sx = NamedSharding(mesh_1d(), P("x"))
+  host = sx.with_memory_kind("pinned_host")
+  arg_sharding, out_sharding = (sx, host) if memory == "output" else (host, sx)
+  heads = []
+  for jit in (jax.jit, donate.jit):
+    a = jax.device_put(jnp.ones(N), arg_sharding)
+    with warnings.catch_warnings(record=True) as seen:
+      warnings.simplefilter("always")
+      out = jit(lambda a: a + 1.0, donate_argnums=0, out_shardings=out_sharding)(a)
+    np.testing.assert_array_equal(out, np.full(N, 2.0))
+    assert not a.is_deleted()
+    heads.append([str(w.message).split("\n")[0] for w in seen])
+  (theirs,), (ours,) = heads  # JAX's sentence, then the leaf's path
+  assert theirs.startswith("Some donated buffers were not usable: float32")
+  assert ours.startswith(theirs.rstrip(".") + " (a)")
+  d = donate.jit(lambda a: a + 1.0, donate_argnums=0, out_shardings=out_sharding).plan(
+    jax.device_put(jnp.ones(N), arg_sharding)
+  ).decisions[0]
+  assert d.action == "unusable" and "memory kind" in d.reason

@@ -368,6 +368,24 @@ def test_same_array_twice_is_caught_before_dispatch_naming_both_paths():
   alive(z)
 
 
+def test_an_array_repeated_in_an_argument_the_function_does_not_read_runs_as_in_jax_jit():
+  # jax.jit prunes the unread argument: it passes one buffer, donates it, and runs
+  for jit in (jax.jit, donate.jit):
+    f = jit(lambda a, b: a + 1, donate_argnums=0)
+    g = jit(lambda t: t["p"] + 1, donate_argnums=0)
+    for call in range(2):  # the first call and a cached one
+      x, y = fresh(value=1.0), fresh(value=2.0)
+      np.testing.assert_array_equal(f(x, x), fresh(value=2.0))
+      np.testing.assert_array_equal(g({"p": y, "q": y}), fresh(value=3.0))
+      assert x.is_deleted() and y.is_deleted()
+  # kept (keep_unused=True), it is passed twice: both refuse it and consume nothing
+  for jit in (jax.jit, donate.jit):
+    x = fresh()
+    with pytest.raises(jax.errors.JaxRuntimeError):
+      jit(lambda a, b: a + 1, donate_argnums=0, keep_unused=True)(x, x)
+    alive(x)
+
+
 def test_leaves_that_are_not_device_buffers_are_planned_not_rejected():
   def step(cfg, x):
     return {"scale": cfg["scale"] * 2, "offset": cfg["offset"] + 1, "w": cfg["w"] * 2}, x * 2

@@ -416,14 +416,26 @@ def filter_at_boundary(e: Exception) -> None:
   """Does to `e`, caught in the caller's frame, what `api_boundary` does to an exception raised
   below it (filters its traceback in JAX's mode, or marks the hidden frames, unless an enclosing
   boundary will), with no boundary frame between the user's call and the function: a bare
-  `raise` after this raises `e` as a boundary around the caller would have."""
+  `raise` after this raises `e` as a boundary around the caller would have.
+
+  A boundary below (a jitted function the trace called, such as a `jax.numpy` one) sees no
+  boundary above it, so it has filtered `e` already: what it added (JAX's note, or the
+  `UnfilteredStackTrace` cause, which holds the whole stack) is kept and not added twice."""
   tb = e.__traceback__
+  unfiltered = _traceback_util.UnfilteredStackTrace
+  inner = e.__cause__ if type(e.__cause__) is unfiltered else None
+  notes = list(getattr(e, "__notes__", ()))
   try:
     _raise_at_boundary(e)
   except BaseException as raised:  # e itself: here, then the boundary's frame or the filtered tb
     below = raised.__traceback__.tb_next if raised.__traceback__ is not None else None
     boundary = below is not None and below.tb_frame.f_code is _raise_at_boundary.__code__
     e.__traceback__ = tb if boundary else below  # (the marks of "tracebackhide" stay on frames)
+  added = getattr(e, "__notes__", [])[len(notes) :]
+  if added and all(note in notes for note in added):
+    e.__notes__ = notes
+  if inner is not None and type(e.__cause__) is unfiltered and e.__cause__.__cause__ is inner:
+    e.__cause__ = inner
 
 
 # The first call of a `donate.jit` function traces in its C++ dispatch's miss as `jax.jit`'s own

@@ -119,9 +119,15 @@ def _donate_buffer_batch(args, dims):
   return donate_buffer_p.bind(args[0]), dims[0]
 
 
+def _donate_buffer_transpose(ct, x):
+  del x  # an identity: the cotangent passes through (`jax.linear_transpose` of a donating jit)
+  return [ct]
+
+
 donate_buffer_p.def_impl(lambda x, **_: x)
 donate_buffer_p.def_abstract_eval(lambda x: x)
 ad.primitive_jvps[donate_buffer_p] = _donate_buffer_jvp
+ad.primitive_transposes[donate_buffer_p] = _donate_buffer_transpose
 batching.primitive_batchers[donate_buffer_p] = _donate_buffer_batch
 mlir.register_lowering(donate_buffer_p, lambda ctx, x, **_: [x])
 
@@ -156,9 +162,15 @@ def _alias_batch(args, dims, **params):
   return alias_p.bind(src, dst, **params), 0
 
 
+def _alias_transpose(ct, src, dst, **params):
+  del dst, params  # the result is `dst`: its cotangent is the result's, `src`'s none
+  return [ad.Zero(src.aval) if ad.is_undefined_primal(src) else None, ct]
+
+
 alias_p.def_impl(lambda src, dst, **_: dst)
 alias_p.def_abstract_eval(_alias_abstract)
 ad.primitive_jvps[alias_p] = _alias_jvp
+ad.primitive_transposes[alias_p] = _alias_transpose
 batching.primitive_batchers[alias_p] = _alias_batch
 mlir.register_lowering(alias_p, lambda ctx, src, dst, **_: [dst])
 

@@ -202,6 +202,8 @@ def leaf_infos(paths: list[str], leaves: list) -> list[_donation_plan.LeafInfo]:
         info.kind,
         info.type_name,
         info.sharding_obj,
+        info.group_kind,
+        info.memory_space,
       )
       out.append(info)
     else:
@@ -232,9 +234,17 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   sharding = getattr(x, "sharding", None) if concrete else None
   memory_kind = getattr(sharding, "memory_kind", None)
   text = _text.sharding_str(sharding) if sharding is not None or kind == HOST else "-"
+  space = memory_space(aval)
   return _donation_plan.LeafInfo(
-    path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__, sharding
+    path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__, sharding, None, space
   )
+
+
+def memory_space(aval) -> str | None:
+  """The memory space an aval is typed in when not the device's (`"Host"`: a value put in host
+  memory), else None. JAX keys donations by the aval, memory space included."""
+  name = getattr(getattr(aval, "memory_space", None), "name", None)
+  return None if name in (None, "Device") else name
 
 
 def _is_device_array(x) -> bool:

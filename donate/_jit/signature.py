@@ -103,6 +103,7 @@ class Prepared:
   in_shardings: tuple = ()  # the traced input shardings, per leaf (None where not known)
   comm: tuple = ()  # the values marked for symmetric memory (`_symm.comm_buffers`)
   placement: Any = None  # the `_symm` placement policy, on GPU targets with marked values
+  dropped: frozenset = frozenset()  # leaves the program does not take (unread, not kept)
 
   @property
   def native(self) -> bool:
@@ -224,14 +225,15 @@ class Prepared:
     return lowered
 
   def check_duplicates(self, call: _binding.Call, plan: _donation_plan.DonationPlan | None = None):
-    """The same buffer twice where one is donated: raise before dispatch, naming both leaves."""
+    """The same buffer twice where one is donated: raise before dispatch, naming both leaves.
+    A leaf the program does not take is not passed (`jax.jit` prunes it): it repeats nothing."""
     plan = plan or self.plan
     consumed = {i for i, d in enumerate(plan.decisions) if d.consumed}
     if not consumed:
       return
     seen: dict[int, int] = {}
     for i, x in enumerate(call.leaves):
-      if isinstance(x, jax.Array):
+      if isinstance(x, jax.Array) and i not in self.dropped:
         j = seen.setdefault(id(x), i)
         if j != i and (i in consumed or j in consumed):
           d = plan.decisions
@@ -377,9 +379,13 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   )  # the call's structure alone (`dataclasses.replace` costs several times as much)
   realiased = not (native or replay)
   first_come = (lambda why: facts.plan(first_come=why)[0]) if realiased else None
+  used = facts.flow.used
+  dropped = (
+    frozenset() if fn.options.keep_unused else frozenset(i for i, u in enumerate(used) if not u)
+  )
   return Prepared(
     fn, structure, traced, plan, inner, realiased, first_come, tuple(facts.in_sh), tuple(comm),
-    policy,
+    policy, dropped,
   )  # fmt: skip
 
 
@@ -408,9 +414,10 @@ def _arguments(fn: Function, call: _binding.Call, traced):
   # class that checks its children when built sees arrays, never stand-ins.
   out_avals = list(traced.jaxpr.out_avals)
   out_paths = ["out" + k for k in _binding.key_paths(traced.out_tree, out_avals)]
-  # (shape, dtype) -> the output's facts; (id of the type's sharding, memory space) -> the
-  # sharding jax.jit states for it: each read once per call (the avals keep their shardings alive)
-  facts: dict[tuple, tuple[tuple[int, ...], str, int]] = {}
+  # (shape, dtype, memory space) -> the output's facts; (id of the type's sharding, memory
+  # space) -> the sharding jax.jit states for it: each read once per call (the avals keep their
+  # shardings alive)
+  facts: dict[tuple, tuple[tuple[int, ...], str, int, str | None]] = {}
   typed: dict[tuple, Any] = {}
   found: list[dict] = []
 
@@ -424,14 +431,20 @@ def _arguments(fn: Function, call: _binding.Call, traced):
     if not hasattr(a, "shape"):
       outputs.append(_donation_plan.OutputInfo(p, (), type(a).__name__, 0))
       continue
-    key = (a.shape, a.dtype)
+    key = (a.shape, a.dtype, getattr(a, "memory_space", None))
     fact = facts.get(key)
     if fact is None:
-      fact = facts[key] = (tuple(a.shape), _text.dtype_name(a.dtype), _binding.aval_nbytes(a))
+      space = _binding.memory_space(a)
+      fact = facts[key] = (
+        tuple(a.shape),
+        _text.dtype_name(a.dtype),
+        _binding.aval_nbytes(a),
+        space,
+      )
     if s is None:
       t = (id(getattr(a, "sharding", None)), getattr(a, "memory_space", None))
       s = typed[t] if t in typed else typed.setdefault(t, _route.typed_out_sharding(a, meshes))
-    outputs.append(_donation_plan.OutputInfo(p, *fact, s))
+    outputs.append(_donation_plan.OutputInfo(p, *fact[:3], s, None, fact[3]))
   return leaves, outputs, in_sh, out_sh, has_layouts
 
 

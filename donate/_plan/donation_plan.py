@@ -64,6 +64,7 @@ class LeafInfo:
   type_name: str
   sharding_obj: Any = dataclasses.field(default=None, compare=False)
   group_kind: str | None = None  # the memory kind jax.jit pairs by (see keys.grouped)
+  memory_space: str | None = None  # its type's memory space when not the device's ("Host")
 
   @property
   def is_array(self) -> bool:
@@ -82,6 +83,7 @@ class OutputInfo:
   nbytes: int
   sharding_obj: Any = dataclasses.field(default=None, compare=False)
   group_kind: str | None = None  # the memory kind jax.jit pairs by (see keys.grouped)
+  memory_space: str | None = None  # its type's memory space when not the device's ("Host")
 
 
 @fast_init
@@ -458,8 +460,11 @@ def _wrap(lines: Sequence[str], indent: str = "    ") -> list[str]:
 
 def _type(d, shape=None) -> str:
   """`float32[4,8]`: the leaf's type, or its dtype with `shape` (its shape on one device, as
-  `jax.jit`'s warning names it)."""
-  return f"{d.dtype}[{','.join(map(str, d.shape if shape is None else shape))}]"
+  `jax.jit`'s warning names it), with its memory space when not the device's (`<host>`, as JAX
+  spells avals)."""
+  space = getattr(getattr(d, "info", d), "memory_space", None)
+  memory = f"<{space.lower()}>" if space else ""
+  return f"{d.dtype}{memory}[{','.join(map(str, d.shape if shape is None else shape))}]"
 
 
 def shard_shape(x: LeafInfo | OutputInfo) -> tuple:

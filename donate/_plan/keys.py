@@ -56,17 +56,24 @@ def grouped(leaves: Sequence[LeafInfo], outputs: Sequence[OutputInfo]):
   )
 
 
+def donor_key(x) -> tuple:
+  """How `jax.jit` offers a leftover donated input to XLA as a donor: to an output of as many
+  elements per device (`shard_size`), of the same memory kind when every one is known."""
+  return (shard_size(x), x.group_kind)
+
+
 def shard_size(x) -> int:
   """Elements per device: what `jax.jit` compares when it offers a donor."""
   return math.prod(shard_shape(x))  # an expression of the dimension variables when symbolic
 
 
 def compatible(leaf: LeafInfo, out: OutputInfo) -> bool:
-  """Whether the output can live in the leaf's buffer: same key, and same layout across devices
+  """Whether the output can live in the leaf's buffer: same key, the same memory space in their
+  types (a value put in host memory inside the function says so), and same layout across devices
   when both shardings are known."""
   if leaf.dtype != out.dtype or tuple(leaf.shape) != tuple(out.shape):  # `key`, field by field
     return False
-  if leaf.group_kind != out.group_kind:
+  if leaf.group_kind != out.group_kind or leaf.memory_space != out.memory_space:
     return False
   a, b = leaf.sharding_obj, out.sharding_obj
   if a is None or b is None:

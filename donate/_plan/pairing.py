@@ -43,7 +43,15 @@ from donate._plan.donation_plan import (
   LeafInfo,
   OutputInfo,
 )
-from donate._plan.keys import compatible, fcfs_pairs, grouped, key, per_device, shard_size
+from donate._plan.keys import (
+  compatible,
+  donor_key,
+  fcfs_pairs,
+  grouped,
+  key,
+  per_device,
+  shard_size,
+)
 
 # Why a paired leaf is aliased, by the strength of its dataflow link to the output.
 _STRENGTH = {
@@ -214,11 +222,11 @@ def _donors(leaves, outputs, donated, pairs, xla_decides: bool = False) -> dict[
   paired_outs = {j for j, _ in pairs.values()}
   for j, o in enumerate(outputs):
     if j not in paired_outs:
-      free[shard_size(o)].append(j)
+      free[donor_key(o)].append(j)
   donor_out = {}
   for i in donated:
-    if i not in pairs and free[shard_size(leaves[i])]:
-      donor_out[i] = free[shard_size(leaves[i])].popleft()
+    if i not in pairs and free[donor_key(leaves[i])]:
+      donor_out[i] = free[donor_key(leaves[i])].popleft()
   return donor_out
 
 
@@ -236,6 +244,9 @@ def _unusable_reason(leaf, outputs, pairs, leaves) -> tuple[Cause, str]:
     usable = [j for j in same if compatible(leaf, outputs[j])]
     if not usable:
       o = outputs[same[0]]
+      if o.memory_space != leaf.memory_space:
+        inside, outside = leaf.memory_space or "Device", o.memory_space or "Device"
+        return Cause.SHARDING_DIFFERS, f"not usable: memory differs (in {inside}, out {outside})"
       inside, outside = sharding_text(leaf.sharding_obj), sharding_text(o.sharding_obj)
       return Cause.SHARDING_DIFFERS, f"not usable: sharding differs (in {inside}, out {outside})"
     sized = [j for j in usable if shard_size(outputs[j]) == shard_size(leaf)]
@@ -263,6 +274,9 @@ def _unusable_reason(leaf, outputs, pairs, leaves) -> tuple[Cause, str]:
     fields.append(f"shape {shape_text(o.shape)} vs {shape_text(leaf.shape)}")
   if o.dtype != leaf.dtype:
     fields.append(f"dtype {o.dtype} vs {leaf.dtype}")
+  if not fields and o.group_kind != leaf.group_kind:  # (jax.jit pairs by memory kind then)
+    nearest = f"no output of its shape and dtype in its memory; nearest is {o.path}: "
+    return Cause.NO_MATCHING_OUTPUT, f"{nearest}memory kind {o.group_kind} vs {leaf.group_kind}"
   nearest = f"no output of its shape and dtype; nearest is {o.path}: "
   return Cause.NO_MATCHING_OUTPUT, nearest + ", ".join(fields)
 
@@ -359,7 +373,7 @@ def _with_hosts(decisions, leaves, outputs, hosts, pairs, donor_out):
   if not hosts:
     return decisions
   taken = {j for j, _ in pairs.values()} | {j for j in donor_out.values() if j is not None}
-  free = collections.Counter(shard_size(o) for j, o in enumerate(outputs) if j not in taken)
+  free = collections.Counter(donor_key(o) for j, o in enumerate(outputs) if j not in taken)
   out = list(decisions)
   for i in hosts:
     if _claim(free, leaves[i]):
@@ -381,7 +395,7 @@ def _ref_donors(leaves, outputs, donated, xla_decides: bool, refs) -> set[int]:
     return set()
   fcfs = fcfs_pairs(leaves, outputs, donated)
   aliased = {j for j in fcfs.values() if not xla_decides or outputs[j].sharding_obj is not None}
-  free = collections.Counter(shard_size(o) for j, o in enumerate(outputs) if j not in aliased)
+  free = collections.Counter(donor_key(o) for j, o in enumerate(outputs) if j not in aliased)
   rejected = set()
   for i in sorted(set(donated).difference(fcfs).union(refs)):
     if _claim(free, leaves[i]) and i in refs:
@@ -392,7 +406,7 @@ def _ref_donors(leaves, outputs, donated, xla_decides: bool, refs) -> set[int]:
 def _claim(free: collections.Counter, leaf) -> bool:
   """Takes one of the free outputs of the leaf's size (`free`: how many per size), if any is left:
   `jax.jit`'s second chance, a buffer donor."""
-  size = shard_size(leaf)
+  size = donor_key(leaf)
   if free[size] > 0:
     free[size] -= 1
     return True
