@@ -234,10 +234,10 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   sharding = getattr(x, "sharding", None) if concrete else None
   memory_kind = getattr(sharding, "memory_kind", None)
   text = _text.sharding_str(sharding) if sharding is not None or kind == HOST else "-"
-  space = memory_space(aval)
   return _donation_plan.LeafInfo(
-    path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__, sharding, None, space
-  )
+    path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__, sharding,
+    memory_space=memory_space(aval),
+  )  # fmt: skip
 
 
 def memory_space(aval) -> str | None:

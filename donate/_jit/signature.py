@@ -379,10 +379,8 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   )  # the call's structure alone (`dataclasses.replace` costs several times as much)
   realiased = not (native or replay)
   first_come = (lambda why: facts.plan(first_come=why)[0]) if realiased else None
-  used = facts.flow.used
-  dropped = (
-    frozenset() if fn.options.keep_unused else frozenset(i for i, u in enumerate(used) if not u)
-  )
+  unread = [i for i, u in enumerate(facts.flow.used) if not u]
+  dropped = frozenset() if fn.options.keep_unused else frozenset(unread)
   return Prepared(
     fn, structure, traced, plan, inner, realiased, first_come, tuple(facts.in_sh), tuple(comm),
     policy, dropped,
@@ -431,20 +429,19 @@ def _arguments(fn: Function, call: _binding.Call, traced):
     if not hasattr(a, "shape"):
       outputs.append(_donation_plan.OutputInfo(p, (), type(a).__name__, 0))
       continue
-    key = (a.shape, a.dtype, getattr(a, "memory_space", None))
+    space = getattr(a, "memory_space", None)
+    key = (a.shape, a.dtype, space)
     fact = facts.get(key)
     if fact is None:
-      space = _binding.memory_space(a)
-      fact = facts[key] = (
-        tuple(a.shape),
-        _text.dtype_name(a.dtype),
-        _binding.aval_nbytes(a),
-        space,
-      )
+      shape, dtype, nbytes = tuple(a.shape), _text.dtype_name(a.dtype), _binding.aval_nbytes(a)
+      fact = facts[key] = (shape, dtype, nbytes, _binding.memory_space(a))
     if s is None:
-      t = (id(getattr(a, "sharding", None)), getattr(a, "memory_space", None))
-      s = typed[t] if t in typed else typed.setdefault(t, _route.typed_out_sharding(a, meshes))
-    outputs.append(_donation_plan.OutputInfo(p, *fact[:3], s, None, fact[3]))
+      t = (id(getattr(a, "sharding", None)), space)
+      if t not in typed:
+        typed[t] = _route.typed_out_sharding(a, meshes)
+      s = typed[t]
+    shape, dtype, nbytes, memory = fact
+    outputs.append(_donation_plan.OutputInfo(p, shape, dtype, nbytes, s, memory_space=memory))
   return leaves, outputs, in_sh, out_sh, has_layouts
 
 

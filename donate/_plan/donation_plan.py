@@ -462,7 +462,7 @@ def _type(d, shape=None) -> str:
   """`float32[4,8]`: the leaf's type, or its dtype with `shape` (its shape on one device, as
   `jax.jit`'s warning names it), with its memory space when not the device's (`<host>`, as JAX
   spells avals)."""
-  space = getattr(getattr(d, "info", d), "memory_space", None)
+  space = d.info.memory_space
   memory = f"<{space.lower()}>" if space else ""
   return f"{d.dtype}{memory}[{','.join(map(str, d.shape if shape is None else shape))}]"
 
