@@ -354,6 +354,29 @@ def test_a_non_array_argument_is_a_type_error_naming_the_function_and_path(jit):
     jit(my_step, donate_argnums=0)({"lr": "fast"}, fresh())
 
 
+@pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
+@pytest.mark.parametrize("at", ["first", "cached"])
+def test_calling_with_an_abstract_value_names_the_argument_as_jax_jit_does(fun, at):
+  """A `jax.ShapeDtypeStruct` passed to a call (not to `lower`) is a TypeError naming the argument
+  leaf and its aval, on every path a signature runs by (the re-laid-out one runs its compiled
+  program, whose own error names neither), and the array beside it is not consumed."""
+  n = 1 << 14  # above the copy threshold: the swapped update is re-laid out
+  seen = []
+  for jit in (jax.jit, donate.jit):
+    f = jit(lambda a, b: fun(a, b["w"]), donate_argnums=(0, 1))
+    if at == "cached":
+      f(fresh(n), {"w": fresh(n)})
+    x = fresh(n)
+    with pytest.raises(TypeError) as info:
+      f(x, {"w": jax.ShapeDtypeStruct((n,), jnp.float32)})
+    seen.append((type(info.value), str(info.value), x.is_deleted()))
+  assert seen[0] == seen[1]
+  assert seen[1][1] == (
+    "Argument 'b['w']' of shape float32[16384] of type <class 'jax.ShapeDtypeStruct'> is not a valid "
+    "JAX type."
+  )
+  assert seen[1][2] is False
+
 # ---- shardings --------------------------------------------------------------------------------
 
 @JITS

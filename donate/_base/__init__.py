@@ -1,6 +1,7 @@
 """The foundation every layer above stands on; imports nothing of donate's above it.
 
-`compat` (the only module that imports jax._src or decodes a JAX-version-specific layout),
+`compat` (with `compat_aliases`, the aliases set on a lowered module, the only modules that
+import jax._src; with `loops`, the only ones that decode a JAX-version-specific layout),
 `errors` (every exception and warning class, one message shape), `primitives` (the one table of
 primitive facts; donate_buffer_p, alias_p), `jaxprs` (jaxpr plumbing), `text` (how sizes,
 shapes and shardings are written) and `records` (frozen records built fast).

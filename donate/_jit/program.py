@@ -47,9 +47,14 @@ class Program:
     none; a replay, or a program with host callbacks, is found again in Python)."""
     prep = self.prep
     if prep.realiased:  # the compiled program with the plan's aliases, as jax.jit's AOT runs it
-      args, kwargs = prep.fn.binding.dynamic(args, kwargs)
+      dyn_args, dyn_kwargs = prep.fn.binding.dynamic(args, kwargs)
       miss = self._compiled_miss
-      return miss(*args, **kwargs) if miss is not None else (self.compiled(*args, **kwargs), None)
+      try:
+        if miss is not None:
+          return miss(*dyn_args, **dyn_kwargs)
+        return self.compiled(*dyn_args, **dyn_kwargs), None
+      except _compat.InvalidInputException as e:
+        raise _invalid_input(prep, args, kwargs, leaves, e) from e
     if prep.inner is None:  # native: jax.jit's own program, through JAX's own miss
       return prep.fn.jit_miss(*args, **kwargs)
     return prep.inner(leaves), None
@@ -81,6 +86,22 @@ class Program:
       return self
     plan = _compiled.with_profile(self, self.plan, compiler_options, call)
     return dataclasses.replace(self, plan=plan)
+
+
+def _invalid_input(prep: Prepared, args, kwargs, leaves, e: Exception) -> TypeError:
+  """The error `jax.jit` raises for an argument its executable cannot take (a
+  `jax.ShapeDtypeStruct`, say): it names the first such argument and its type."""
+  jaxpr = prep.traced.jaxpr
+  if jaxpr.consts:
+    return TypeError(e.args[0])
+  paths = prep.fn.binding.paths(prep.fn.binding.bind(args, kwargs))
+  avals = jaxpr.in_avals[_compat.traced_num_consts(prep.traced) :]
+  for x, path, aval in zip(leaves, paths, avals):
+    if not _compat.is_valid_jax_value(x):
+      return TypeError(
+        f"Argument '{path}' of shape {aval.str_short()} of type {type(x)} is not a valid JAX type."
+      )
+  return TypeError(e.args[0])
 
 
 def compile_program(

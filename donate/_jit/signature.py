@@ -9,7 +9,7 @@ it runs:
 * donate does better (dataflow pairing where first come, first served would copy, `donate_buffer`
   and `alias` anywhere inside, preallocated outputs): the gate's own lowering, with `main`'s
   `tf.aliasing_output` and `jax.buffer_donor` attributes set to the plan's
-  (`Prepared.realiased`; `_compat.lowered_with_aliases`), is compiled and run. Arguments and
+  (`Prepared.realiased`; `_compat_aliases.lowered_with_aliases`), is compiled and run. Arguments and
   results keep the user's order and pytrees, so the staged objects and the executable are
   `jax.jit`'s own in every other respect (serialization, `out_info`, shardings, export, caches);
 * values marked for symmetric memory (a rewritten jaxpr) or a GPU target's placement options: an
@@ -39,6 +39,7 @@ from jax import tree_util
 
 from donate import _symm
 from donate._base import compat as _compat
+from donate._base import compat_aliases as _compat_aliases
 from donate._base import errors as _errors
 from donate._base import text as _text
 from donate._base.primitives import remember_donate_jit
@@ -169,10 +170,10 @@ class Prepared:
       aliases = self._alias_plan()
       kwargs = dict(lower_kwargs or {})
       given = kwargs.get("_private_parameters")
-      kwargs["_private_parameters"] = _compat.lowering_parameters_for(given, *aliases)
+      kwargs["_private_parameters"] = _compat_aliases.lowering_parameters_for(given, *aliases)
       lowered = traced.lower(**kwargs)
       n_traced = _compat.traced_num_consts(traced)
-      return _compat.lowered_with_aliases(lowered, n_traced, *aliases)
+      return _compat_aliases.lowered_with_aliases(lowered, n_traced, *aliases)
 
     return self.checked_lowering(lower, warn=warn)
 
@@ -190,7 +191,7 @@ class Prepared:
 
   def _alias_plan(self) -> tuple[set[int], dict[int, int], set[int], set[int]]:
     """`(managed, pairs, donors, pinned)`: what the lowering's `main` must say, argument leaf by
-    leaf (`_compat.lowered_with_aliases`).
+    leaf (`_compat_aliases.lowered_with_aliases`).
 
     The leaves the plan decides are set, and donated host values; others (refs) keep what
     `jax.jit`'s lowering gave them. An output that reuses a buffer over several devices is given
