@@ -314,20 +314,6 @@ from jax._src import stages as _jax_stages
 _TRACED_TAKES_SOURCE_INFO = "fun_sourceinfo" in inspect.signature(_jax_stages.Traced).parameters
 infer_params = _pjit._infer_params  # called as infer_params(*trace_target(jitted), args, kwargs)
 
-# An executable's rejection of an argument's type, and JAX's test of each argument that
-# `_run_python_pjit` runs to name the argument it rejected (no public API runs it).
-from jax._src import dtypes as _dtypes
-from jax._src.interpreters import pxla as _pxla
-
-InvalidInputException = _dtypes.InvalidInputException
-
-
-def is_valid_jax_value(x) -> bool:
-  try:
-    return type(_dtypes.canonicalize_value(x)) in _pxla.shard_arg_handlers
-  except InvalidInputException:
-    return False
-
 
 def trace_target(jitted) -> tuple:
   """What `infer_params` traces for the `jax.jit` function `jitted`: its function and options."""
@@ -341,6 +327,21 @@ def traced_of(jitted, params, args_flat) -> jax.stages.Traced:
   if _TRACED_TAKES_SOURCE_INFO:
     rest = (*rest, jitted._jit_info.fun_sourceinfo)
   return _jax_stages.Traced(types, *rest)
+
+
+# An executable's rejection of an argument's type, and JAX's test of each argument that
+# `_run_python_pjit` runs to name the argument it rejected (no public API runs it).
+from jax._src import dtypes as _dtypes
+from jax._src.interpreters import pxla as _pxla
+
+InvalidInputException = _dtypes.InvalidInputException
+
+
+def is_valid_jax_value(x) -> bool:
+  try:
+    return type(_dtypes.canonicalize_value(x)) in _pxla.shard_arg_handlers
+  except InvalidInputException:
+    return False
 
 
 def hide_from_tracebacks(path: str, shown: tuple[str, ...] = ()) -> None:

@@ -54,7 +54,7 @@ class Program:
           return miss(*dyn_args, **dyn_kwargs)
         return self.compiled(*dyn_args, **dyn_kwargs), None
       except _compat.InvalidInputException as e:
-        raise _invalid_input(prep, args, kwargs, leaves, e) from e
+        raise _invalid_input(prep, args, kwargs, e) from e
     if prep.inner is None:  # native: jax.jit's own program, through JAX's own miss
       return prep.fn.jit_miss(*args, **kwargs)
     return prep.inner(leaves), None
@@ -88,15 +88,15 @@ class Program:
     return dataclasses.replace(self, plan=plan)
 
 
-def _invalid_input(prep: Prepared, args, kwargs, leaves, e: Exception) -> TypeError:
+def _invalid_input(prep: Prepared, args, kwargs, e: Exception) -> TypeError:
   """The error `jax.jit` raises for an argument its executable cannot take (a
   `jax.ShapeDtypeStruct`, say): it names the first such argument and its type."""
   jaxpr = prep.traced.jaxpr
   if jaxpr.consts:
     return TypeError(e.args[0])
-  paths = prep.fn.binding.paths(prep.fn.binding.bind(args, kwargs))
+  call = prep.fn.binding.bind(args, kwargs)
   avals = jaxpr.in_avals[_compat.traced_num_consts(prep.traced) :]
-  for x, path, aval in zip(leaves, paths, avals):
+  for x, path, aval in zip(call.leaves, prep.fn.binding.paths(call), avals):
     if not _compat.is_valid_jax_value(x):
       return TypeError(
         f"Argument '{path}' of shape {aval.str_short()} of type {type(x)} is not a valid JAX type."

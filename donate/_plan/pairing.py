@@ -404,11 +404,11 @@ def _ref_donors(leaves, outputs, donated, xla_decides: bool, refs) -> set[int]:
 
 
 def _claim(free: collections.Counter, leaf) -> bool:
-  """Takes one of the free outputs of the leaf's size (`free`: how many per size), if any is left:
-  `jax.jit`'s second chance, a buffer donor."""
-  size = donor_key(leaf)
-  if free[size] > 0:
-    free[size] -= 1
+  """Takes one of the free outputs of the leaf's donor key (`free`: how many per key), if any is
+  left: `jax.jit`'s second chance, a buffer donor."""
+  k = donor_key(leaf)
+  if free[k] > 0:
+    free[k] -= 1
     return True
   return False
 
