@@ -19,9 +19,11 @@ a sample's own allocations trigger are timed with it. A second table times donat
 work (planning, `_signature.prepare`, and reading the compiled program back,
 `_compiled.realize`) within the first call of a 24-layer transformer training step (unscanned:
 one parameter and one momentum leaf per weight). Last, a cached call of a step with a host
-callback (no C++ entry can run it). Run:
+callback (no C++ entry can run it). `--lower-pairs P` times `lower()` alone instead, over P
+pairs whose order alternates (the median difference and ratio of each size and path: a noisy
+machine needs a few hundred pairs to tell 5% from 10% at 10 leaves). Run:
   python benchmarks/bench_pytree_cost.py [--sizes 10,100,1000,10000] [--repeats 7] [--layers 24]
-      [--paths native,re-paired[,re-paired-64k]]
+      [--paths native,re-paired[,re-paired-64k]] [--lower-pairs 201]
 """
 
 from __future__ import annotations
@@ -256,6 +258,30 @@ def in_place_program_call(n: int = 10, rounds: int = 40, calls: int = 1000, size
           f"of {calls}: {cells}")
 
 
+def lower_pairs(sizes, pairs: int, paths=DEFAULT_PATHS) -> str:
+  """`lower()` of fresh functions, `pairs` pairs a size and path in alternating order (after 5
+  pairs of warm-up): the medians of `jax.jit`'s time, donate's difference and the ratio."""
+  rows = []
+  for n in sizes:
+    for path in paths:
+      theirs, diffs, ratios = [], [], []
+      for k in range(-5, pairs):
+        t_ours = None if k % 2 else _once(donate.jit, n, "lower()", k + 0.75, path)
+        t_jax = _once(jax.jit, n, "lower()", k + 0.25, path)
+        if t_ours is None:
+          t_ours = _once(donate.jit, n, "lower()", k + 0.75, path)
+        if k >= 0:
+          theirs.append(t_jax), diffs.append(t_ours - t_jax), ratios.append(t_ours / t_jax)
+      diffs.sort()
+      q1, q3 = (diffs[int(q * (len(diffs) - 1))] * 1e3 for q in (0.25, 0.75))
+      rows.append(f"| {n} | {path} | {statistics.median(theirs) * 1e3:.2f} | "
+                  f"{statistics.median(diffs) * 1e3:.2f} ({q1:.2f} to {q3:.2f}) | "
+                  f"{statistics.median(ratios):.3f}x |")
+  head = "| leaves | path | jax.jit ms | donate's difference ms (quartiles) | ratio |"
+  title = f"`lower()` of fresh functions, medians of {pairs} pairs in alternating order"
+  return "\n".join([title, "", head, "|---|---|---|---|---|", *rows])
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes", default="10,100,1000,10000")
@@ -263,8 +289,13 @@ def main(argv=None) -> None:
   parser.add_argument("--layers", type=int, default=24)
   parser.add_argument("--own-repeats", type=int, default=1)
   parser.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=", ".join(PATHS))
+  parser.add_argument("--lower-pairs", type=int, default=0)
   args = parser.parse_args(argv)
   print(f"Machine: {_demo.machine()}\n")
+  if args.lower_pairs:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(lower_pairs(sizes, args.lower_pairs, tuple(args.paths.split(","))))
+    return
   print(table([int(s) for s in args.sizes.split(",")], args.repeats,
               tuple(args.paths.split(","))), "\n")
   print(own_share(args.layers, args.own_repeats))

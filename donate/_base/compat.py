@@ -123,16 +123,19 @@ def traced_flat_shardings(traced) -> tuple[tuple, tuple, bool]:
   """
   params = traced._params
   n_consts = len(traced._consts)
-  ins = tuple([None if _unspecified(s) else s for s in params["in_shardings"][n_consts:]])
-  outs = tuple([None if _unspecified(s) else s for s in params["out_shardings"]])
+  unspecified = _UNSPECIFIED
+  ins = tuple([None if type(s) is unspecified else s for s in params["in_shardings"][n_consts:]])
+  outs = tuple([None if type(s) is unspecified else s for s in params["out_shardings"]])
   layouts = any(x is not None for x in params["in_layouts"][n_consts:]) or any(
     x is not None for x in params["out_layouts"]
   )
   return ins, outs, layouts
 
 
-def _unspecified(s) -> bool:
-  return type(s).__name__ == "UnspecifiedValue"
+# The type of an entry of the traced `in_shardings`/`out_shardings` left to the program (its
+# `UnspecifiedValue`, `jax.jit`'s default; no public API names it): compared by identity, read
+# per leaf of every signature.
+from jax._src.named_sharding import UnspecifiedValue as _UNSPECIFIED  # noqa: E402
 
 
 def layout_key(x) -> Any:

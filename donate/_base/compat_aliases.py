@@ -51,9 +51,11 @@ def lowering_parameters_for(
   in place, and found ready by a second lowering of the plan. No public API lowers with other
   aliases or without JAX's caches.
   """
-  parameters = parameters if parameters is not None else _mlir.LoweringParameters()
   key = (frozenset(managed), frozenset(aliases.items()), frozenset(donors), frozenset(pinned))
-  rules = tuple(parameters.override_lowering_rules or ()) + ((_PLAN_PRIMITIVE, _PlanKey(key)),)
+  rule = ((_PLAN_PRIMITIVE, _PlanKey(key)),)
+  if parameters is None:  # JAX's default parameters, but for the rule
+    return _mlir.LoweringParameters(override_lowering_rules=rule)
+  rules = tuple(parameters.override_lowering_rules or ()) + rule
   return dataclasses.replace(parameters, override_lowering_rules=rules)
 
 
@@ -83,11 +85,13 @@ def lowered_with_aliases(
   context = original.context  # the lowering's own (a new context costs milliseconds)
   with context, ir.Location.unknown(context):
     main: Any = ir.SymbolTable(original.operation)["main"]  # a func.FuncOp, typed as any OpView
-    n_args = len(main.arguments) - lowered_closed_over_refs(jax_lowered)
-    if n_args < len(kept) or "arg_attrs" not in main.attributes:
+    if "arg_attrs" not in main.attributes:
+      return jax_lowered
+    args: list[Any] = list(ir.ArrayAttr(main.attributes["arg_attrs"]))  # one per argument
+    n_args = len(args) - lowered_closed_over_refs(jax_lowered)
+    if n_args < len(kept):
       return jax_lowered
     tokens = _leading_tokens(lowering, main)
-    args: list[Any] = list(ir.ArrayAttr(main.attributes["arg_attrs"]))
     results = None
     if pinned and "res_attrs" in main.attributes:
       results = list(ir.ArrayAttr(main.attributes["res_attrs"]))
@@ -99,20 +103,22 @@ def lowered_with_aliases(
       if leaf not in managed:
         continue
       attrs = ir.DictAttr(args[first + k])
-      has = (_ALIAS in attrs, _DONOR in attrs)
-      others = len(attrs) > sum(has)  # a wide pytree's arguments mostly have no others
-      if others and "jax.global_constant" in attrs:
-        continue
+      n_attrs = len(attrs)  # a wide pytree's arguments have one of donate's or none
+      others = n_attrs > 1 or (n_attrs == 1 and _ALIAS not in attrs and _DONOR not in attrs)
+      if others:
+        others = n_attrs > (_ALIAS in attrs) + (_DONOR in attrs)
+        if others and "jax.global_constant" in attrs:
+          continue
       target = tokens + aliases[leaf] if leaf in aliases else None
-      want = (target, leaf in donors)
-      if want != (ir.IntegerAttr(attrs[_ALIAS]).value if has[0] else None, has[1]):
+      new = {n: v for n, v in _as_dict(attrs).items() if n not in _OURS} if others else {}
+      if target is not None:
+        new[_ALIAS] = ir.IntegerAttr.get(i32, target)
+      elif leaf in donors:
+        new[_DONOR] = ir.BoolAttr.get(True)
+      made = ir.DictAttr.get(new)
+      if made != attrs:  # (attributes are unique in their context: compared by identity)
         changed = True
-        new = {n: v for n, v in _as_dict(attrs).items() if n not in _OURS} if others else {}
-        if target is not None:
-          new[_ALIAS] = ir.IntegerAttr.get(i32, target)
-        elif want[1]:
-          new[_DONOR] = ir.BoolAttr.get(True)
-        args[first + k] = ir.DictAttr.get(new)
+        args[first + k] = made
       if target is not None and leaf in pinned and results is not None and target < len(results):
         out = ir.DictAttr(results[target])
         given = [n for n in _SHARDING_ATTRS if n in attrs]

@@ -72,6 +72,8 @@ class Binding:
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
       ]
     )
+    # what a call's paths and donated leaves depend on beside its structure (`structure`)
+    self._key = (tuple(self.param_names), self.donate_nums, self.donate_names)
 
   def bind(self, args: tuple, kwargs: dict) -> Call:
     if not self.has_static:
@@ -112,19 +114,38 @@ class Binding:
 
     Each argument is rebuilt from the call's own leaves (never stand-ins: a pytree class may
     check its children when it is built, as JAX rebuilds it from tracers)."""
+    return list(self.structure(call)[0])
+
+  def donated_leaves(self, call: Call) -> dict[int, Request]:
+    """Leaf index -> `Request.DONATE_ARGNUMS`/`DONATE_ARGNAMES` for the leaves `jax.jit` donates."""
+    return dict(self.structure(call)[1])
+
+  def structure(self, call: Call) -> tuple[tuple[str, ...], dict[int, Request]]:
+    """`(paths, donated_leaves)` of the call's structure, read the first time it is met with
+    the same parameter names and donated arguments (each step of a loop repeats them, and so
+    do the fresh functions of one step; a wide pytree's cost milliseconds); not to be changed."""
+    key = (call.treedef, call.positions, self._key)
+    try:
+      found = _STRUCTURES.get(key)
+    except (TypeError, ValueError):  # a node's metadata that cannot be hashed or compared
+      return self._read_structure(call)
+    if found is None:
+      found = self._read_structure(call)
+      if len(_STRUCTURES) >= 256:  # a bound: a treedef keeps its nodes' metadata alive
+        _STRUCTURES.clear()
+      _STRUCTURES[key] = found
+    return found
+
+  def _read_structure(self, call: Call) -> tuple[tuple[str, ...], dict[int, Request]]:
     paths: list[str] = [""] * len(call.leaves)
     for name, start, stop, subtree in self._arguments(call):
       name = self.arg_name(name) if isinstance(name, int) else name
       paths[start:stop] = [name + k for k in key_paths(subtree, call.leaves[start:stop])]
-    return paths
-
-  def donated_leaves(self, call: Call) -> dict[int, Request]:
-    """Leaf index -> `Request.DONATE_ARGNUMS`/`DONATE_ARGNAMES` for the leaves `jax.jit` donates."""
-    out = {}
+    donated = {}
     for name, start, stop, _ in self._arguments(call, donated=True):
       source = Request.DONATE_ARGNUMS if isinstance(name, int) else Request.DONATE_ARGNAMES
-      out.update(dict.fromkeys(range(start, stop), source))
-    return out
+      donated.update(dict.fromkeys(range(start, stop), source))
+    return tuple(paths), donated
 
   def _arguments(self, call: Call, donated: bool = False):
     """`(position or name, first leaf, end, treedef)` of each dynamic argument, read from the
@@ -158,6 +179,7 @@ class Binding:
 
 
 _KEY_PATHS: dict[Any, tuple[str, ...]] = {}  # treedef -> its leaves' key paths, as text
+_STRUCTURES: dict[tuple, tuple[tuple[str, ...], dict[int, Request]]] = {}  # `Binding.structure`
 
 
 def key_paths(treedef, leaves) -> tuple[str, ...]:
@@ -182,17 +204,32 @@ def key_paths(treedef, leaves) -> tuple[str, ...]:
 def leaf_infos(paths: list[str], leaves: list) -> list[_donation_plan.LeafInfo]:
   """`leaf_info` of every leaf; the facts of a device array are read once per (type, shape, dtype,
   sharding) of the call (a wide pytree's thousands of leaves have a few of those)."""
+  return _leaf_infos(paths, leaves, None)
+
+
+def device_leaf_infos(paths: list[str], arrays: list[tuple]) -> list[_donation_plan.LeafInfo]:
+  """`leaf_infos` of device arrays given as `(type, aval, sharding)`: what a plan made after the
+  call reads of them (`_jit.quick` keeps these, not the arrays)."""
+  return _leaf_infos(paths, None, arrays)
+
+
+def _leaf_infos(paths, leaves, arrays) -> list[_donation_plan.LeafInfo]:
   seen: dict[tuple, tuple] = {}
   out = []
-  for path, x in zip(paths, leaves):
-    if type(x) not in _DEVICE_TYPES:
-      out.append(leaf_info(path, x))
-      continue
-    aval, sharding = x.aval, x.sharding
-    key = (type(x), aval.shape, aval.dtype, id(sharding))  # the leaf keeps `sharding` alive
+  for k, path in enumerate(paths):
+    if arrays is not None:
+      t, aval, sharding = arrays[k]
+    else:
+      x = leaves[k]
+      t = type(x)
+      if t not in _DEVICE_TYPES:
+        out.append(leaf_info(path, x))
+        continue
+      aval, sharding = x.aval, x.sharding
+    key = (t, aval.shape, aval.dtype, id(sharding))  # the leaf keeps `sharding` alive
     facts = seen.get(key)
     if facts is None:
-      info = leaf_info(path, x)
+      info = _device_info(path, t.__name__, aval, sharding)
       facts = seen[key] = (
         info.shape,
         info.dtype,
@@ -215,14 +252,15 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   """The planner's facts about one leaf: device buffer, abstract value, ref or host value."""
   abstract = False
   if _is_device_array(x):
-    kind = DEVICE
-  elif is_ref(x):
+    aval = x.aval if hasattr(x, "aval") else jax.typeof(x)
+    return _device_info(path, type(x).__name__, aval, getattr(x, "sharding", None))
+  if is_ref(x):
     kind = REF
   elif abstract := isinstance(x, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
     kind = ABSTRACT
   else:
     kind = HOST
-  aval = x if abstract else (x.aval if kind == DEVICE and hasattr(x, "aval") else jax.typeof(x))
+  aval = x if abstract else jax.typeof(x)
   if not hasattr(aval, "shape"):  # a token or another value without a shape: never a buffer
     return _donation_plan.LeafInfo(
       path, (), type(aval).__name__, 0, "-", None, HOST, type(x).__name__
@@ -230,13 +268,23 @@ def leaf_info(path: str, x) -> _donation_plan.LeafInfo:
   shape = tuple(aval.shape)
   dtype = _text.dtype_name(aval.dtype)
   nbytes = aval_nbytes(aval)
-  concrete = kind == DEVICE or (kind != HOST and not isinstance(x, jax.core.Tracer))
+  concrete = kind != HOST and not isinstance(x, jax.core.Tracer)
   sharding = getattr(x, "sharding", None) if concrete else None
   memory_kind = getattr(sharding, "memory_kind", None)
   text = _text.sharding_str(sharding) if sharding is not None or kind == HOST else "-"
   return _donation_plan.LeafInfo(
     path, shape, dtype, nbytes, text, memory_kind, kind, type(x).__name__, sharding,
     memory_space=memory_space(aval),
+  )  # fmt: skip
+
+
+def _device_info(path: str, type_name: str, aval, sharding) -> _donation_plan.LeafInfo:
+  """`leaf_info` of a device array of type `type_name`, read from its aval and sharding."""
+  text = _text.sharding_str(sharding) if sharding is not None else "-"
+  shape, dtype, nbytes = tuple(aval.shape), _text.dtype_name(aval.dtype), aval_nbytes(aval)
+  return _donation_plan.LeafInfo(
+    path, shape, dtype, nbytes, text, getattr(sharding, "memory_kind", None), DEVICE, type_name,
+    sharding, memory_space=memory_space(aval),
   )  # fmt: skip
 
 

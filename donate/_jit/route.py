@@ -84,9 +84,16 @@ def first_come_only(
     return "jax.Refs in donate_argnums, which only jax.jit's own lowering handles"
   differ = None if replay else _small_difference(first)
   if differ:
-    threshold = format_bytes(first.options.copy_threshold)
-    return f"it differs from jax.jit's only in buffers under copy_threshold ({threshold})"
+    return small_difference(first.options.copy_threshold)
   return "" if differ is None else SAME_PAIRS
+
+
+def small_difference(threshold: int) -> str:
+  """Why `jax.jit`'s own lowering runs a plan whose pairs differ from its own only in buffers
+  under `copy_threshold`."""
+  return (
+    f"it differs from jax.jit's only in buffers under copy_threshold ({format_bytes(threshold)})"
+  )
 
 
 def _small_difference(first: FirstCome) -> set[int] | None:

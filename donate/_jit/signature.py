@@ -19,17 +19,18 @@ it runs:
 
 `Prepared.lower` gives a new `jax.stages.Lowered`; `program.compile_program` compiles it into a
 `program.Program`, whose plan has what XLA made of this one (`compiled.realize`), before anything
-runs.
+runs. A plain signature is routed by `_jit.quick` instead, with the facts a lowering reads
+(`Quick`) and the same plan made when first read (`LazyPlan`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -41,34 +42,14 @@ from donate import _symm
 from donate._base import compat as _compat
 from donate._base import compat_aliases as _compat_aliases
 from donate._base import errors as _errors
-from donate._base import text as _text
 from donate._base.primitives import remember_donate_jit
 from donate._jit import binding as _binding
+from donate._jit import facts as _facts
 from donate._jit import gate as _gate
-from donate._jit import options as _options
 from donate._jit import route as _route
-from donate._plan import dataflow as _dataflow
+from donate._jit.facts import Function
 from donate._plan import donation_plan as _donation_plan
-from donate._plan import pairing as _pairing
-from donate._plan.decision_types import Action, Cause, Kind, Request
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Function:
-  """What every signature of one `donate.jit` function shares (no reference back to it)."""
-
-  fun: Callable  # the user's function
-  name: str  # its name in messages
-  jitted: Callable  # the gate: jax.jit of the gated stand-in, with the user's keywords
-  gate: _gate.Gate
-  binding: _binding.Binding
-  options: _options.Options
-
-  @functools.cached_property
-  def jit_miss(self) -> Callable:
-    """What the gate's own dispatch runs on a miss: a call run as `jax.jit` runs it, returning
-    `(outputs, fastpath data, drop)`."""
-    return _compat.jit_cache_miss(self.jitted)
+from donate._plan.decision_types import Action, Kind, Request
 
 
 @dataclasses.dataclass(eq=False)
@@ -86,6 +67,48 @@ class Inner:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Quick:
+  """What lowering reads of a signature `_jit.quick` routed, known before its plan is made:
+  every requested leaf on one device is paired, a buffer donor or unread."""
+
+  requested: frozenset[int]  # the leaves donate_argnums/donate_argnames ask for
+  pairs: dict[int, int]  # {leaf: output} of the planned aliases
+  donors: frozenset[int]  # the leaves offered to XLA as buffer donors
+
+
+class LazyPlan:
+  """A signature's plan, made when first read (once, under a lock: threads share signatures)."""
+
+  __slots__ = ("_make", "_plan", "_lock")
+
+  def __init__(self, make: Callable[[], _donation_plan.DonationPlan]):
+    self._make: Callable[[], _donation_plan.DonationPlan] | None = make
+    self._plan: _donation_plan.DonationPlan | None = None
+    self._lock = threading.Lock()
+
+  def get(self) -> _donation_plan.DonationPlan:
+    plan = self._plan
+    if plan is None:
+      with self._lock:
+        if self._plan is None:
+          assert self._make is not None
+          with collector_paused():
+            self._plan = self._make()
+          self._make = None  # what it read goes with it
+        plan = self._plan
+    return plan
+
+  def anew(self) -> _donation_plan.DonationPlan:
+    """The plan made again and not kept (to check it without reading it), or the one kept."""
+    make = self._make
+    if make is None:
+      assert self._plan is not None
+      return self._plan
+    with collector_paused():
+      return make()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Prepared:
   """One planned signature: its trace, its plan and how it runs (a value: lowering and compiling
   make new ones, `program.Program`, and never write into it).
@@ -97,7 +120,7 @@ class Prepared:
   fn: Function
   call: _binding.Call  # the call's structure (its leaves are not kept)
   traced: Any  # jax.stages.Traced of the gate
-  plan: _donation_plan.DonationPlan
+  planned: _donation_plan.DonationPlan | LazyPlan  # read through `plan`
   inner: Inner | None  # the replay over the flat leaves, when not `native`
   realiased: bool = False  # the gate's lowering with the plan's aliases, run as compiled
   first_come: Callable[[str], Any] | None = None  # the first-come plan, given why it is used
@@ -105,6 +128,13 @@ class Prepared:
   comm: tuple = ()  # the values marked for symmetric memory (`_symm.comm_buffers`)
   placement: Any = None  # the `_symm` placement policy, on GPU targets with marked values
   dropped: frozenset = frozenset()  # leaves the program does not take (unread, not kept)
+  quick: Quick | None = None  # what lowering reads, known before the plan (`_jit.quick`)
+
+  @property
+  def plan(self) -> _donation_plan.DonationPlan:
+    """The donation plan (made when first read, for a signature `_jit.quick` routed)."""
+    planned = self.planned
+    return planned.get() if isinstance(planned, LazyPlan) else planned
 
   @property
   def native(self) -> bool:
@@ -126,7 +156,11 @@ class Prepared:
       self.jax_own
       and not self.comm
       and not self.fn.options.strict_copies
-      and all(d.request is None for d in self.plan.decisions)
+      and (
+        not self.quick.requested
+        if self.quick is not None
+        else all(d.request is None for d in self.plan.decisions)
+      )
     )
 
   @property
@@ -134,12 +168,15 @@ class Prepared:
     """The leaves the program donates (as `jax.jit`'s `args_info[...].donated` reports them)."""
     if self.jax_own:
       return frozenset(self.fn.binding.donated_leaves(self.call))
+    if self.quick is not None:
+      return frozenset(self.quick.pairs) | self.quick.donors
     return frozenset(self.plan.layout.donated)
 
   def as_first_come(self, why: str) -> Prepared:
     """This signature planned and run as `jax.jit` pairs it (`why`: the plan's note)."""
     assert self.first_come is not None, "only a re-paired signature has a first-come twin"
-    return dataclasses.replace(self, plan=self.first_come(why), realiased=False, first_come=None)
+    plan = self.first_come(why)
+    return dataclasses.replace(self, planned=plan, realiased=False, first_come=None, quick=None)
 
   def can_trace(self, call: _binding.Call | None) -> bool:
     """Whether `call` lets this signature be traced again: a replay needs the call's leaves, not
@@ -197,6 +234,9 @@ class Prepared:
     `jax.jit`'s lowering gave them. An output that reuses a buffer over several devices is given
     that buffer's sharding when the lowering left it to propagation (`jax.jit` makes an alias
     only for an output whose sharding is stated)."""
+    quick = self.quick
+    if quick is not None:  # every requested leaf is paired, a donor or unread; on one device
+      return set(quick.requested), dict(quick.pairs), set(quick.donors), set()
     plan = self.plan
     managed = {i for i, d in enumerate(plan.decisions) if d.requested and d.action in _PLANNED}
     donors = {i for i, d in enumerate(plan.decisions) if d.action == Action.DONOR}
@@ -214,7 +254,12 @@ class Prepared:
   def checked_lowering(self, lower: Callable[[], Any], warn: bool = True):
     """`lower()` under the gate, JAX's own unusable-donation warning silenced; before it, an
     explicit alias that cannot hold (or, in strict mode, any unusable donation) raises, and after
-    it the plan's per-leaf warning is given (`warn`)."""
+    it the plan's per-leaf warning is given (`warn`). A signature `_jit.quick` routed has no
+    unusable donation (neither for `jax.jit`'s first-come pairs, so JAX warns of none): its plan
+    is not read."""
+    if self.quick is not None:
+      with self.fn.gate:
+        return lower()
     explicit = [d for d in self.plan.unusable if d.request == Request.ALIAS]
     if explicit or (self.fn.options.strict_unusable and self.plan.unusable):
       raise _errors.DonationError("donate: " + self.plan.explain_unusable(explicit or None))
@@ -250,7 +295,7 @@ class Prepared:
 
 def prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   """Plans one traced signature and builds what runs it; lowers and compiles nothing."""
-  with _collector_paused():
+  with collector_paused():
     return _prepare(fn, call, traced)
 
 
@@ -260,7 +305,7 @@ def warn_unusable(text: str) -> None:
 
 
 @contextlib.contextmanager
-def _collector_paused():
+def collector_paused():
   """Python's cyclic garbage collector paused while a signature is planned.
 
   Planning makes a few objects per leaf that live until it ends (a wide pytree's thousands): the
@@ -279,73 +324,7 @@ def _collector_paused():
     gc.enable()
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Facts:
-  """What planning reads of one traced call: its jaxpr (and the one marked for symmetric
-  memory), its dataflow, the leaves and outputs as the planner sees them, their shardings."""
-
-  fn: Function
-  traced: Any
-  marked: Any  # the traced jaxpr with symmetric-memory marks (itself when there are none)
-  flow: Any  # _dataflow.Dataflow
-  leaves: list
-  outputs: list
-  in_sh: list
-  out_sh: list
-  has_layouts: bool
-  requested: Any  # the leaves donate_argnums/donate_argnames ask for
-  xla_decides: bool  # pairs XLA decides after partitioning (sharded leaves)
-
-  def plan(self, first_come: str = ""):
-    """`(plan, comm)`: the donation plan with the symmetric-memory notes, and the values marked
-    for symmetric memory. `first_come` (why only `jax.jit`'s own lowering can run this call):
-    pair as `jax.jit` does."""
-    options = self.fn.options
-    plan = _pairing.make_plan(
-      self.fn.name, self.leaves, self.outputs, self.requested, self.flow,
-      keep_unused=options.keep_unused, adopt_inner=options.adopt_inner,
-      xla_decides=self.xla_decides, first_come=first_come,
-      disabled=bool(jax.config.jax_debug_nans),  # type: ignore[attr-defined]  # set at run time
-    )  # fmt: skip
-    comm = _symm.comm_buffers(self.marked)
-    if comm:
-      notes = plan.notes + tuple(_symm.comm_buffer_report(comm))
-      size = _symm.collective_memory_bytes(comm)
-      plan = dataclasses.replace(plan, notes=notes, collective_memory_bytes=size)
-    if options.strict_unusable:
-      _check_strict(self.fn.name, plan)
-    return plan, comm
-
-
-def _check_strict(name: str, plan) -> None:
-  """Strict mode refuses a donated host leaf, and donation while JAX donates nothing."""
-  if any(d.cause == Cause.NOT_A_DEVICE_BUFFER for d in plan.decisions if d.requested):
-    raise _errors.DonationError(plan.explain_host())
-  disabled = [d.path for d in plan.decisions if d.requested and d.cause == Cause.JAX_DEBUG_NANS]
-  if disabled:
-    raise _errors.DonationError(
-      _errors.message(
-        f"{name}: strict mode, and JAX donates nothing while jax_debug_nans is on",
-        expected="donation of " + ", ".join(disabled),
-        got="jax_debug_nans=True",
-        fix="turn jax_debug_nans off to donate, or drop strict=True while debugging NaNs",
-      )
-    )
-
-
-def _facts(fn: Function, call: _binding.Call, traced) -> _Facts:
-  marked = _symm.mark_required(traced.jaxpr)
-  flow = _dataflow.analyze(marked, skip=_compat.traced_num_consts(traced))
-  leaves, outputs, in_sh, out_sh, has_layouts = _arguments(fn, call, traced)
-  # The devices of the inputs the program keeps (jax.jit prunes the others before it assigns them)
-  kept = leaves if fn.options.keep_unused else [x for x, u in zip(leaves, flow.used) if u]
-  xla_decides = _route.xla_decides(kept, outputs)
-  requested = fn.binding.donated_leaves(call)
-  return _Facts(fn, traced, marked, flow, leaves, outputs, in_sh, out_sh, has_layouts, requested,
-                xla_decides)  # fmt: skip
-
-
-def _placement(facts: _Facts, comm):
+def _placement(facts: _facts.Facts, comm):
   """The symmetric-memory placement policy when marked values compile for GPUs with placement
   options, else None."""
   if not comm:
@@ -358,7 +337,7 @@ def _placement(facts: _Facts, comm):
 
 def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   """Plans, then routes: jax.jit's own program, the gate's lowering re-aliased, or a replay."""
-  facts = _facts(fn, call, traced)
+  facts = _facts.read_facts(fn, call, traced)
   plan, comm = facts.plan()
   policy = _placement(facts, comm)
   if policy is not None:
@@ -388,7 +367,7 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   )  # fmt: skip
 
 
-def _route_of(facts: _Facts, plan, replay: bool) -> tuple[bool, str]:
+def _route_of(facts: _facts.Facts, plan, replay: bool) -> tuple[bool, str]:
   """`(native, why)`: whether the plan is jax.jit's own, and why only jax.jit's own lowering
   should run it (`route.first_come_only`; "" when the re-paired program is worth its bytes)."""
   first = _route.FirstCome(facts.fn.options, plan, facts.requested, facts.flow)
@@ -396,54 +375,6 @@ def _route_of(facts: _Facts, plan, replay: bool) -> tuple[bool, str]:
   n_consts = _compat.traced_num_consts(facts.traced)
   why = _route.first_come_only(first, facts.requested, facts.has_layouts, n_consts, replay, native)
   return native, why
-
-
-def _arguments(fn: Function, call: _binding.Call, traced):
-  """The argument leaves and outputs as the planner sees them, and the traced shardings."""
-  paths = fn.binding.paths(call)
-  leaves = _binding.leaf_infos(paths, call.leaves)
-  in_sh, out_sh, has_layouts = _compat.traced_flat_shardings(traced)
-  leaves = [
-    dataclasses.replace(leaf, sharding_obj=s)
-    if leaf.sharding_obj is None and s is not None
-    else leaf
-    for leaf, s in zip(leaves, in_sh)
-  ]
-  # The output tree rebuilt from the traced avals (as JAX rebuilds it from tracers): a pytree
-  # class that checks its children when built sees arrays, never stand-ins.
-  out_avals = list(traced.jaxpr.out_avals)
-  out_paths = ["out" + k for k in _binding.key_paths(traced.out_tree, out_avals)]
-  # (shape, dtype, memory space) -> the output's facts; (id of the type's sharding, memory
-  # space) -> the sharding jax.jit states for it: each read once per call (the avals keep their
-  # shardings alive)
-  facts: dict[tuple, tuple[tuple[int, ...], str, int, str | None]] = {}
-  typed: dict[tuple, Any] = {}
-  found: list[dict] = []
-
-  def meshes() -> dict:  # read for typed outputs only
-    if not found:
-      found.append(_route.concrete_meshes(leaves))
-    return found[0]
-
-  outputs = []
-  for p, a, s in zip(out_paths, out_avals, out_sh):
-    if not hasattr(a, "shape"):
-      outputs.append(_donation_plan.OutputInfo(p, (), type(a).__name__, 0))
-      continue
-    space = getattr(a, "memory_space", None)
-    key = (a.shape, a.dtype, space)
-    fact = facts.get(key)
-    if fact is None:
-      shape, dtype, nbytes = tuple(a.shape), _text.dtype_name(a.dtype), _binding.aval_nbytes(a)
-      fact = facts[key] = (shape, dtype, nbytes, _binding.memory_space(a))
-    if s is None:
-      t = (id(getattr(a, "sharding", None)), space)
-      if t not in typed:
-        typed[t] = _route.typed_out_sharding(a, meshes)
-      s = typed[t]
-    shape, dtype, nbytes, memory = fact
-    outputs.append(_donation_plan.OutputInfo(p, shape, dtype, nbytes, s, memory_space=memory))
-  return leaves, outputs, in_sh, out_sh, has_layouts
 
 
 # The actions of the leaves whose parameter attributes the plan sets (`Prepared._alias_plan`).

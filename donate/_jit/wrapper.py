@@ -34,6 +34,7 @@ from donate._jit import gate as _gate
 from donate._jit import into as _into
 from donate._jit import options as _options
 from donate._jit import program as _program
+from donate._jit import quick as _quick
 from donate._jit import signature as _signature
 from donate._jit import stages as _stages
 from donate._plan import donation_plan as _donation_plan
@@ -127,9 +128,13 @@ class JitWrapped:
     return out
 
   # ---- planning --------------------------------------------------------------------------------
-  def _prepare(self, args, kwargs, traced=None) -> tuple[_program.Signature, _binding.Call]:
+  def _prepare(
+    self, args, kwargs, traced=None, quick: bool = False
+  ) -> tuple[_program.Signature, _binding.Call]:
     """Traces (through jax.jit, unless the miss has) and plans this call; lowers and compiles
-    nothing yet."""
+    nothing yet. `quick` (`.trace()`, `.lower()`: no plan read yet): a plain call is routed
+    before its plan is made (`_jit.quick`); a call or `.plan()`, which reads the plan when it
+    compiles, plans at once."""
     traced = self._trace(args, kwargs) if traced is None else self._traced(traced)
     if _compat.is_high(traced.jaxpr):
       raise _program.Unplanned(traced)
@@ -139,7 +144,8 @@ class JitWrapped:
       hit = self._prepared.get(key)
       if hit is not None and hit.prepared.traced.jaxpr is traced.jaxpr:
         return hit, call
-      prepared = _signature.prepare(self._fn, call, traced)
+      prepared = quick and _quick.prepare(self._fn, call, traced)
+      prepared = prepared or _signature.prepare(self._fn, call, traced)
       signature = self._prepared[key] = _program.Signature(prepared)
       return signature, call
 
@@ -173,7 +179,7 @@ class JitWrapped:
   def trace(self, *args, **kwargs) -> _stages.Traced:
     """Traces for these arguments; a `jax.stages.Traced` with the plan (`.plan`)."""
     try:
-      return _stages.Traced(*self._prepare(args, kwargs))
+      return _stages.Traced(*self._prepare(args, kwargs, quick=True))
     except _program.Unplanned as e:  # hijax types: JAX's own
       return e.traced
 

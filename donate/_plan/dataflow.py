@@ -31,6 +31,7 @@ from donate._base import loops as _loops
 from donate._base import primitives as _primitives
 from donate._base.jaxprs import open_jaxpr
 from donate._base.primitives import alias_p, donate_buffer_p, is_donate_jit
+from donate._base.records import fast_init
 from donate._plan.decision_types import Request
 
 EXPLICIT = 9  # an explicit `alias`: survives any chain
@@ -61,6 +62,7 @@ class Annotation:
   dst_origin: int | None = None
 
 
+@fast_init
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dataflow:
   """What the planner needs from a program: annotations, output sources, inputs it reads, and

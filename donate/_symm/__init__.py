@@ -30,5 +30,6 @@ from donate._symm.rewrite import mark_required as mark_required
 from donate._symm.size import collective_memory_bytes as collective_memory_bytes
 from donate._symm.trace import comm_buffer_report as comm_buffer_report
 from donate._symm.trace import comm_buffers as comm_buffers
+from donate._symm.trace import nothing_to_mark as nothing_to_mark
 from donate._symm.xla import placement_policy as placement_policy
 from donate._symm.xla import target_platform as target_platform

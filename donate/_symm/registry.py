@@ -136,6 +136,11 @@ def register(names, argnums: tuple[int, ...], kind: str) -> None:
       _requirements[name] = Requirement(name, tuple(argnums), kind)
 
 
+def any_registered() -> bool:
+  """Whether any collective is registered now (`requirements()` without its copy)."""
+  return bool(_requirements)
+
+
 def requirements() -> dict[str, Requirement]:
   """Returns a snapshot of the registered requirements, keyed by primitive name.
 

@@ -22,7 +22,7 @@ from donate._base import primitives as _primitives
 from donate._base.errors import SymmetricMemoryWarning
 from donate._base.jaxprs import is_var, nbytes, short_source_line, subs
 from donate._symm.prim import context_spec, contexts_used, marks_traced, symmetric_p
-from donate._symm.registry import COLLECTIVE_PRIMITIVES, requirements
+from donate._symm.registry import COLLECTIVE_PRIMITIVES, any_registered, requirements
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -344,11 +344,25 @@ def comm_buffers(closed_jaxpr) -> tuple[CommBuffer, ...]:
   >>> [(b.producer, b.nbytes, b.feeds_collective) for b in buffers]
   [('sin', 16, True)]
   """
+  if nothing_marked():
+    return ()
   top, reqs = closed_jaxpr.jaxpr, requirements()
   cache: dict = {}
-  if not (reqs or contexts_used() or marks_traced()):
-    return ()  # nothing marked, registered or in a context anywhere in this process
   return tuple(_finish(top, item, cache, reqs) for item in _collect(top, cache))
+
+
+def nothing_marked() -> bool:
+  """Whether no value was marked, no collective registered and no `symmetric_memory` context
+  entered anywhere in this process: then no program has a comm buffer (`comm_buffers` is empty)
+  and `mark_required` returns every jaxpr as it is."""
+  return not (requirements() or contexts_used() or marks_traced())
+
+
+def nothing_to_mark() -> bool:
+  """Whether no collective is registered and no `symmetric_memory` context was entered in this
+  process: then `mark_required` returns every jaxpr as it is, and a jaxpr has comm buffers only
+  where it holds `symmetric` equations (`with_symmetric`'s marks)."""
+  return not (any_registered() or contexts_used())
 
 
 def comm_buffer_report(buffers, *, warn: bool = False) -> tuple[str, ...]:
