@@ -72,9 +72,7 @@ def _routed(fn, call, traced, paths, arrays, flow, requested, in_sh, leaves, pai
   """The `Prepared` of the call: `jax.jit`'s own program where its first-come pairs are the
   plan's or differ from them only in buffers under `copy_threshold`, else its lowering with the
   plan's aliases (`signature._prepare`'s routes, from the same pairs)."""
-  structure = _binding.Call(
-    [None] * len(call.leaves), call.treedef, call.key, call.positions, call.kwarg_names
-  )
+  structure = call.without_leaves()
   why = "" if fcfs == pairs else _small_difference(fn.options.copy_threshold, leaves, pairs, fcfs)
   realiased = fcfs != pairs and not why
   later = _Later(fn, structure, traced, paths, arrays, why)

@@ -354,9 +354,7 @@ def _prepare(fn: Function, call: _binding.Call, traced) -> Prepared:
   if replay:
     options = dict(policy.options) if policy is not None else {}
     inner = _inner(fn, facts.marked, plan, traced, facts.leaves, facts.in_sh, facts.out_sh, options)
-  structure = _binding.Call(
-    [None] * len(call.leaves), call.treedef, call.key, call.positions, call.kwarg_names
-  )  # the call's structure alone (`dataclasses.replace` costs several times as much)
+  structure = call.without_leaves()
   realiased = not (native or replay)
   first_come = (lambda why: facts.plan(first_come=why)[0]) if realiased else None
   unread = [i for i, u in enumerate(facts.flow.used) if not u]

@@ -355,7 +355,7 @@ def nothing_marked() -> bool:
   """Whether no value was marked, no collective registered and no `symmetric_memory` context
   entered anywhere in this process: then no program has a comm buffer (`comm_buffers` is empty)
   and `mark_required` returns every jaxpr as it is."""
-  return not (requirements() or contexts_used() or marks_traced())
+  return nothing_to_mark() and not marks_traced()
 
 
 def nothing_to_mark() -> bool:
