@@ -258,6 +258,79 @@ def in_place_program_call(n: int = 10, rounds: int = 40, calls: int = 1000, size
           f"of {calls}: {cells}")
 
 
+def _paired(n: int, what: str, pairs: int, path: str) -> tuple[float, list[float]]:
+  """`pairs` pairs of fresh-function samples of `what` (`lower()` or the first call), after 3
+  warm-up pairs, the order alternating: `jax.jit`'s median seconds and the pairs' ratios."""
+  theirs, ratios = [], []
+  for k in range(-3, pairs):
+    t_ours = None if k % 2 else _once(donate.jit, n, what, k + 0.75, path)
+    t_jax = _once(jax.jit, n, what, k + 0.25, path)
+    if t_ours is None:
+      t_ours = _once(donate.jit, n, what, k + 0.75, path)
+    if k >= 0:
+      theirs.append(t_jax), ratios.append(t_ours / t_jax)
+  return statistics.median(theirs), ratios
+
+
+def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[float, list[float]]:
+  """One warm function of each, `rounds` rounds of `_cached_calls(n)` calls (each fed its own
+  result) whose order alternates: `jax.jit`'s median seconds a call and the rounds' ratios."""
+  funs = {
+    jit: _jit_for(jit, path)(_step_factory(0.5, path != "native"), donate_argnums=donated)
+    for jit in (jax.jit, donate.jit)
+  }
+  state = {jit: _params(n, PATHS[path][1]) for jit in funs}
+  for jit, g in funs.items():
+    for _ in range(20):
+      state[jit] = g(state[jit])
+  calls, theirs, ratios = _cached_calls(n), [], []
+  for k in range(rounds):
+    times = {}
+    for jit in (jax.jit, donate.jit) if k % 2 else (donate.jit, jax.jit):
+      p, g = jax.block_until_ready(state[jit]), funs[jit]
+      gc.collect()
+      t0 = time.perf_counter()
+      for _ in range(calls):
+        p = g(p)
+      state[jit] = jax.block_until_ready(p)
+      times[jit] = (time.perf_counter() - t0) / calls
+    theirs.append(times[jax.jit]), ratios.append(times[donate.jit] / times[jax.jit])
+  return statistics.median(theirs), ratios
+
+
+def _cell(theirs: float, ratios: list[float], unit: float, digits: int) -> str:
+  r = sorted(ratios)
+  q1, q3 = (r[int(q * (len(r) - 1))] for q in (0.25, 0.75))
+  return f"{theirs * unit:.{digits}f} | {statistics.median(r):.3f}x ({q1:.2f}-{q3:.2f})"
+
+
+def paired_table(sizes, pairs: int, rounds: int, paths=DEFAULT_PATHS) -> str:
+  """Every size and path: `lower()` and the first call over interleaved pairs of fresh functions
+  (`pairs` up to 100 leaves, a fifth of it at 1000, a tenth at 10,000; at least 5), and the
+  cached call over `rounds` interleaved rounds of two warm functions (a quarter of them at
+  10,000 leaves, at least 11). Each cell: `jax.jit`'s
+  median time, then the median of the pairs' (rounds') ratios with their quartiles."""
+  rows = []
+  for n in sizes:
+    p = pairs if n <= 100 else max(5, pairs // (5 if n <= 1000 else 10))
+    for path in paths:
+      cells = [_cell(*_paired(n, what, p, path), 1e3, 1) for what in ("lower()", "first call")]
+      r = rounds if n <= 1000 else max(11, rounds // 4)
+      cells.append(_cell(*_cached_rounds(n, r, path), 1e6, 1))
+      rows.append(f"| {n} | {path} | {p} / {r} | " + " | ".join(cells) + " |")
+  theirs, ratios = _cached_rounds(10, rounds, "native", donated=None)
+  q = sorted(ratios)
+  undonated = (f"Cached call of the 10-leaf native step donating nothing (no frame of donate's "
+               f"before the dispatch), {rounds} rounds: `jax.jit` {theirs * 1e6:.1f} us, ratio "
+               f"{statistics.median(q):.3f}x ({q[len(q) // 4]:.2f}-{q[3 * (len(q) - 1) // 4]:.2f})")
+  head = ("| leaves | path | pairs / rounds | `jax.jit` `lower()` ms | ratio | `jax.jit` first "
+          "call ms | ratio | `jax.jit` cached call us | ratio |")
+  title = (f"Interleaved pairs of fresh functions (`lower()`, first call) and {rounds} "
+           f"interleaved rounds of warm ones (cached call); ratio: median (quartiles)")
+  table = [title, "", head, "|---|---|---|---|---|---|---|---|---|", *rows, "", undonated]
+  return "\n".join(table)
+
+
 def lower_pairs(sizes, pairs: int, paths=DEFAULT_PATHS) -> str:
   """`lower()` of fresh functions, `pairs` pairs a size and path in alternating order (after 5
   pairs of warm-up): the medians of `jax.jit`'s time, donate's difference and the ratio."""
@@ -290,8 +363,14 @@ def main(argv=None) -> None:
   parser.add_argument("--own-repeats", type=int, default=1)
   parser.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=", ".join(PATHS))
   parser.add_argument("--lower-pairs", type=int, default=0)
+  parser.add_argument("--pairs", type=int, default=0)
+  parser.add_argument("--rounds", type=int, default=41)
   args = parser.parse_args(argv)
   print(f"Machine: {_demo.machine()}\n")
+  if args.pairs:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(paired_table(sizes, args.pairs, args.rounds, tuple(args.paths.split(","))))
+    return
   if args.lower_pairs:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(lower_pairs(sizes, args.lower_pairs, tuple(args.paths.split(","))))

@@ -146,6 +146,7 @@ def test_a_buffer_given_twice_is_named_whatever_the_error_says(monkeypatch):
   g = donate.jit(lambda p, q: (p["w"] + 1, q + 1), donate_argnums=0)
   g({"w": jnp.ones(4)}, jnp.ones(4))  # planned: the next calls take the C++ dispatch
   monkeypatch.setattr(g, "_dispatch", _Refusing(g._dispatch))
+  monkeypatch.setattr(g, "_call", donate._jit.calling.checked(g))  # a call of the refusing one
   x = jnp.ones(4)
   with pytest.raises(DonationRuntimeError, match=r"once as p\['w'\] and once as q"):
     g({"w": x}, x)

@@ -899,6 +899,72 @@ def test_the_function_runs_as_many_frames_below_the_call_as_under_jax_jit():
   assert depth(donate.jit) == depth(jax.jit) and len(depth(jax.jit)) == 1
 
 
+def _python_run_by(call) -> list[str]:
+  """The Python functions of donate's package that `call()` runs (`sys.setprofile`)."""
+  import os
+  import sys
+
+  package = os.path.dirname(os.path.abspath(donate.__file__)) + os.sep
+  seen = []
+
+  def profile(frame, event, arg):
+    if event == "call" and os.path.abspath(frame.f_code.co_filename).startswith(package):
+      seen.append(frame.f_code.co_name)
+
+  sys.setprofile(profile)
+  try:
+    call()
+  finally:
+    sys.setprofile(None)
+  return seen
+
+
+def test_a_cached_call_is_the_cpp_dispatch_alone_until_the_function_consumes_a_buffer():
+  # JAX records the Python stack of every call it runs, so a frame of donate's before the
+  # dispatch costs each cached call more than the dispatch does; one is kept only where it
+  # names an array passed twice (JAX rejects it inside the dispatch)
+  plain = donate.jit(lambda x, y: (x * 2.0, y + 1.0))
+  donating = donate.jit(lambda x, y: (x * 2.0, y + 1.0), donate_argnums=0)
+  for f in (plain, donating):
+    f(fresh(), fresh())
+  assert _python_run_by(lambda: plain(fresh(), fresh())) == []
+  assert _python_run_by(lambda: donating(fresh(), fresh())) == ["call"]  # `_checked`'s
+  x = fresh()
+  np.testing.assert_array_equal(plain(x, x)[0], jax.jit(lambda x: x * 2.0)(x))
+  with pytest.raises(donate.DonationError, match=r"passed twice to .*, once as x and once as y"):
+    donating(x, x)
+  assert not x.is_deleted()
+
+
+def test_a_function_that_donates_only_through_a_marker_names_an_array_passed_twice_when_cached():
+  g = donate.jit(lambda p, q: donate.donate_buffer(p) * 2.0 + q)
+  assert _python_run_by(lambda: g(fresh(), fresh()))  # the first call plans
+  a = fresh()
+  g(a, fresh())
+  assert a.is_deleted()  # the marker consumed it
+  x = fresh()
+  for _ in range(2):  # cached
+    with pytest.raises(donate.DonationError, match=r"passed twice to .*, once as p and once as q"):
+      g(x, x)
+  assert not x.is_deleted()
+
+
+def test_every_function_sharing_the_entries_of_one_that_consumes_names_an_array_passed_twice():
+  def step(p, q):  # a function of this test's own: no other test made entries for it
+    return p * 2.0 + q, q + 1.0
+
+  early = donate.jit(step, donate_argnums=0)  # made before anything was planned
+  donate.jit(step, donate_argnums=0)(fresh(), fresh())  # plans: the shared entry consumes p
+  later = donate.jit(step, donate_argnums=0)
+  x = fresh()
+  for g in (early, later):  # neither has planned: their calls run the shared entry
+    assert _python_run_by(lambda: g(fresh(), fresh())) == ["call"]
+    with pytest.raises(donate.DonationError, match=r"passed twice to .*step, once as p and once "
+                       r"as q"):
+      g(x, x)
+  assert not x.is_deleted()
+
+
 def test_a_nan_found_by_debug_nans_after_cached_calls_raises_as_in_jax_jit():
   for jit in (jax.jit, donate.jit):
     f = jit(lambda x: 0.0 / x)

@@ -95,3 +95,21 @@ def test_plan_text_fits_in_100_columns_and_names_every_leaf():
   assert max(map(len, text.splitlines())) <= 100
   assert all(l.path in text for l in leaves)
   assert p.bytes_requested == 3 * 4 * 1024 * 1024
+
+
+def test_an_output_of_its_shape_in_other_memory_is_a_memory_difference_not_a_sharding_one():
+  device, pinned = CPU.with_memory_kind("device"), CPU.with_memory_kind("pinned_host")
+  requested, same = {0: "donate_argnums"}, flow([{0: df.ELEMENTWISE}], 1)
+  d = plan([leaf("a", sharding=pinned)], [out("out", sharding=device)], requested, same).decisions[0]
+  assert (str(d.action), d.cause) == ("unusable", dp.Cause.MEMORY_DIFFERS)
+  assert d.reason == ("no output of its shape and dtype in its memory; nearest is out: memory "
+                      "kind device vs pinned_host")
+  # an output without a memory kind: jax.jit pairs by shape and dtype alone, and the shardings
+  # of the output of its shape say where the difference is
+  leaves = [leaf("a", sharding=pinned), leaf("b", sharding=device)]
+  outputs = [out("out", sharding=device), out("other", shape=(2,))]
+  p = plan(leaves, outputs, {0: "donate_argnums", 1: "donate_argnums"},
+           flow([{1: df.ELEMENTWISE}, {}], 2))
+  d = p.decisions[0]
+  assert (str(d.action), d.cause) == ("unusable", dp.Cause.MEMORY_DIFFERS)
+  assert d.reason == "not usable: memory kind differs (in pinned_host, out device)"

@@ -95,10 +95,12 @@ class StandIn:
   every `jax.jit` of a function shares `jax.jit`'s, and no `jax.jit` does. The dispatch calls it
   under `jax.disable_jit()`: it is the user's function then."""
 
-  __slots__ = ("_ref", "__weakref__")
+  __slots__ = ("_ref", "consumes", "wrappers", "__weakref__")
 
   def __init__(self, ref):
     self._ref = ref
+    self.consumes = False  # a program run through these entries consumes a buffer
+    self.wrappers: weakref.WeakSet = weakref.WeakSet()  # the donate.jit functions sharing them
 
   def __call__(self, *args, **kwargs):
     return self._ref()(*args, **kwargs)

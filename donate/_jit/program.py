@@ -66,6 +66,11 @@ class Program:
   def check_duplicates(self, call: _binding.Call) -> None:
     self.prep.check_duplicates(call, self.plan)
 
+  @property
+  def consumes(self) -> bool:
+    """Whether a call consumes a buffer (donated or a donor)."""
+    return any(d.consumed for d in self.plan.decisions)
+
   def copies(self, threshold: int) -> tuple:
     """The copies XLA added of at least `threshold` bytes (`CopyRecord`s)."""
     if threshold == self.plan.copy_threshold and self.plan.copies is not None:
@@ -314,6 +319,8 @@ class AsJaxJit:
 
   def check_duplicates(self, call: _binding.Call) -> None:
     self.prep.check_duplicates(call)
+
+  consumes = False  # nothing donated
 
 
 class Signature:

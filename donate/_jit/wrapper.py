@@ -4,9 +4,9 @@ Every `donate.jit` holds a real `jax.jit` of the user's function with the user's
 *gate*, `_gate`). JAX validates the keywords, binds and traces each call exactly as `jax.jit` does;
 donate reads the traced jaxpr and plans every leaf (`signature.prepare`), then the gate itself,
 its lowering with the plan's aliases, or a replay of a marked program runs the call (see
-`signature` and `program`). Calls go through a C++ dispatch of JAX's own kind, keyed as the
-gate's (`_dispatch_for`): a call that matches an entry runs that entry's program; any other call
-(a new signature, another default device or jit-keyed config) plans first (the dispatch's miss),
+`signature` and `program`). A call is a call of a C++ dispatch of JAX's own kind, keyed as the
+gate's (`_calling`): a call that matches an entry runs that entry's program; any other call (a
+new signature, another default device or jit-keyed config) plans first (the dispatch's miss),
 and the planned program's run makes the entry. The gate's traced functions raise `_gate.Replan`
 unless donate opened them, and the gate's own dispatch runs nothing: a signature donate has not
 planned never runs unplanned. A function that donates no argument traces as `jax.jit(fun)` itself
@@ -15,20 +15,20 @@ planned never runs unplanned. A function that donates no argument traces as `jax
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import operator
 import os
 import threading
 import types
-import weakref
 from collections.abc import Callable
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import jax
 
 from donate._base import compat as _compat
 from donate._base.primitives import donate_buffer_p, remember_donate_jit
 from donate._jit import binding as _binding
+from donate._jit import calling as _calling
 from donate._jit import eval_shape as _eval_shape
 from donate._jit import gate as _gate
 from donate._jit import into as _into
@@ -78,8 +78,10 @@ class JitWrapped:
     self._into: JitWrapped | None = None
     self._lock = threading.RLock()
     self._plans = _gate.Plans(self, name)  # cleared with JAX's caches (jax.clear_caches())
-    self._dispatch = _plain(self) if self._plain_only else _dispatch_for(self, jitted)
-    self._miss_raised = False  # a miss raised: its C++ entry falls back to Python for good
+    self._stand_in: _gate.StandIn | None = None  # what the dispatch is keyed by (its own sets it)
+    self._dispatch = _plain(self) if self._plain_only else _calling.dispatch_for(self, jitted)
+    self._call = self._dispatch  # what a call calls (`__call__`; `_calling.checks`)
+    _calling.follow(self, asks=not self._traces_plain)
 
   @property
   def trace_count(self) -> int:
@@ -87,12 +89,12 @@ class JitWrapped:
     return self._gated.trace_count
 
   # ---- calling ----------------------------------------------------------------------------------
-  def __call__(self, *args, **kwargs):
-    try:  # JAX's C++ dispatch: a planned signature's program, or its miss (planning first)
-      return self._dispatch(*args, **kwargs) if kwargs else self._dispatch(*args)
-    except BaseException as e:
-      _call_failed(self, e, args, kwargs)
-      raise
+  if TYPE_CHECKING:
+
+    def __call__(self, *args, **kwargs) -> Any: ...
+
+  else:  # the dispatch itself, or `_calling.checked` once the function consumes a buffer
+    __call__ = property(operator.attrgetter("_call"))
 
   def _answered(self, args, kwargs) -> tuple | None:
     """A call the dispatch has no entry for, answered without tracing: inside another trace, or
@@ -120,6 +122,8 @@ class JitWrapped:
         return self._fn.jit_miss(*args, **kwargs)
     program = signature.runner(call)
     program.check_duplicates(call)
+    if program.consumes:
+      _calling.consumes(self)
     key, held = self._no_entry.key(call), _binding.held(call.leaves)  # before donation
     with self._fn.gate:
       out = program.miss(args, kwargs, call.leaves)
@@ -262,31 +266,6 @@ def _nested(wrapped: JitWrapped, args, kwargs):
     return fn.jitted(*args, **kwargs)
 
 
-def _call_failed(wrapped: JitWrapped, e: BaseException, args, kwargs) -> None:
-  """After a call raised `e`: drops the dispatch's entries if a miss raised (its entry would fall
-  back to Python for good), names both leaves of one array passed in two places (JAX rejects it
-  when one is donated), and, as `jax.jit`'s filtered tracebacks start at the user's call, takes
-  `JitWrapped.__call__`'s frame off `e`'s traceback, or marks it hidden where JAX marks its own
-  (JAX filtered the rest: `_dispatch_for`)."""
-  if wrapped._miss_raised:
-    wrapped._miss_raised = False
-    _compat.clear_cpp_cache(wrapped._dispatch)
-  binding = wrapped._fn.binding
-  if (
-    isinstance(e, (jax.errors.JaxRuntimeError, ValueError))
-    and _compat.trace_state_clean()
-    and _binding.repeats_an_array(binding, args, kwargs)
-  ):
-    with contextlib.suppress(_program.Unplanned):  # (hijax types: JAX's own error stands)
-      signature, call = wrapped._prepare(args, kwargs)
-      signature.prepared.check_duplicates(call)
-  tb, mode = e.__traceback__, _compat.traceback_filtering_mode()
-  if tb is not None and mode == "tracebackhide":  # kept, and marked hidden as JAX marks its own
-    tb.tb_frame.f_locals["__tracebackhide__"] = True
-  elif tb is not None and mode != "off":
-    e.__traceback__ = tb.tb_next
-
-
 def _gated_jit(wrapped: JitWrapped, fun, options: _options.Options):
   """`(jitted, plain)`: the `jax.jit` donate traces, lowers and runs through, and whether it is
   `jax.jit(fun)` itself (`_plain`, for a function that donates no argument; else a `jax.jit` of
@@ -323,46 +302,6 @@ def _jit_of(fun, options: _options.Options):
 def _restore(fun, kwargs):
   """Unpickles a `donate.jit` function: the same function with the same keywords."""
   return jit(fun, **kwargs)
-
-
-def _dispatch_for(wrapped: JitWrapped, jitted):
-  """The C++ dispatch of a `donate.jit` function, keyed as `jax.jit`'s own: every call whose
-  arguments and JAX configuration match an entry runs that entry's program, with no Python; any
-  other call plans first (the miss, holding a weak reference: no cycle). Its
-  entries are shared by every `donate.jit` of the same function and options (`Gated.stand_in`),
-  as `jax.jit`'s are: `donate.jit(f)(x)` written inline in a loop runs from C++."""
-  ref = weakref.ref(wrapped)
-
-  def miss(*args, **kwargs):  # traces in its own frame, as jax.jit's miss: see _compat.traced_of
-    self = ref()  # the dispatch dies with its function
-    clean = _compat.trace_state_clean()
-    try:
-      answered = self._answered(args, kwargs)
-      if answered is not None:
-        return answered
-      jitted = self._fn.jitted
-      with self._fn.gate:
-        params, flat = _compat.infer_params(*_compat.trace_target(jitted), args, kwargs)
-      return self._run_traced(_compat.traced_of(jitted, params, flat), args, kwargs)
-    except BaseException as e:
-      if clean:  # a top-level miss raised: its entry falls back to Python for good
-        self._miss_raised = True
-      if isinstance(e, Exception):  # JAX's traceback boundary, as around jax.jit's own miss
-        _compat.filter_at_boundary(e)
-      raise
-
-  miss.__name__ = miss.__qualname__ = wrapped._fn.name
-  o = wrapped._fn.options
-  own = ("keep_unused", "inline", "static_argnums", "static_argnames")
-  ours = (
-    o.strict_unusable,
-    o.strict_copies,
-    o.adopt_inner,
-    o.copy_threshold,
-    o.symmetric_placement,
-  )
-  key = repr((*ours, *(o.jit_kwargs.get(k) for k in own)))
-  return _compat.dispatch_like(jitted, wrapped._gated.stand_in(key), miss)
 
 
 def _patched() -> bool:

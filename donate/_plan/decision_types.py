@@ -104,7 +104,9 @@ class Cause(enum.StrEnum):
   Donor: `XLA_PAIRS_AFTER_PARTITIONING` (several devices, output shardings left to XLA),
   `SAME_SIZE` (a free output of as many elements, not of its shape and dtype).
 
-  Unusable: `SHARDING_DIFFERS`, `OUTPUT_TAKEN` (the output of its type reuses another input),
+  Unusable: `SHARDING_DIFFERS`, `MEMORY_DIFFERS` (the output of its shape and dtype is in other
+  memory: another memory space or memory kind), `OUTPUT_TAKEN` (the output of its type reuses
+  another input),
   `NO_OUTPUTS` (the function returns nothing), `NO_MATCHING_OUTPUT` (no output of its shape and
   dtype); after compiling, `ALIAS_NOT_MADE` (XLA did not make a planned alias) and
   `DONOR_NOT_REUSED` (XLA reused a donor for no output).
@@ -137,6 +139,7 @@ class Cause(enum.StrEnum):
   XLA_PAIRS_AFTER_PARTITIONING = enum.auto()
   SAME_SIZE = enum.auto()
   SHARDING_DIFFERS = enum.auto()
+  MEMORY_DIFFERS = enum.auto()
   OUTPUT_TAKEN = enum.auto()
   NO_OUTPUTS = enum.auto()
   NO_MATCHING_OUTPUT = enum.auto()

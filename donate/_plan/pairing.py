@@ -246,7 +246,10 @@ def _unusable_reason(leaf, outputs, pairs, leaves) -> tuple[Cause, str]:
       o = outputs[same[0]]
       if o.memory_space != leaf.memory_space:
         inside, outside = leaf.memory_space or "Device", o.memory_space or "Device"
-        return Cause.SHARDING_DIFFERS, f"not usable: memory differs (in {inside}, out {outside})"
+        return Cause.MEMORY_DIFFERS, f"not usable: memory differs (in {inside}, out {outside})"
+      inside, outside = (getattr(x.sharding_obj, "memory_kind", None) for x in (leaf, o))
+      if inside != outside:  # (both shardings known: `compatible`)
+        return Cause.MEMORY_DIFFERS, f"not usable: memory kind differs (in {inside}, out {outside})"
       inside, outside = sharding_text(leaf.sharding_obj), sharding_text(o.sharding_obj)
       return Cause.SHARDING_DIFFERS, f"not usable: sharding differs (in {inside}, out {outside})"
     sized = [j for j in usable if shard_size(outputs[j]) == shard_size(leaf)]
@@ -276,7 +279,7 @@ def _unusable_reason(leaf, outputs, pairs, leaves) -> tuple[Cause, str]:
     fields.append(f"dtype {o.dtype} vs {leaf.dtype}")
   if not fields and o.group_kind != leaf.group_kind:  # (jax.jit pairs by memory kind then)
     nearest = f"no output of its shape and dtype in its memory; nearest is {o.path}: "
-    return Cause.NO_MATCHING_OUTPUT, f"{nearest}memory kind {o.group_kind} vs {leaf.group_kind}"
+    return Cause.MEMORY_DIFFERS, f"{nearest}memory kind {o.group_kind} vs {leaf.group_kind}"
   nearest = f"no output of its shape and dtype; nearest is {o.path}: "
   return Cause.NO_MATCHING_OUTPUT, nearest + ", ".join(fields)
 
