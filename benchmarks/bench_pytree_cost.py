@@ -258,23 +258,23 @@ def in_place_program_call(n: int = 10, rounds: int = 40, calls: int = 1000, size
           f"of {calls}: {cells}")
 
 
-def _paired(n: int, what: str, pairs: int, path: str) -> tuple[float, list[float]]:
-  """`pairs` pairs of fresh-function samples of `what` (`lower()` or the first call), after 3
-  warm-up pairs, the order alternating: `jax.jit`'s median seconds and the pairs' ratios."""
-  theirs, ratios = [], []
-  for k in range(-3, pairs):
+def _paired(n: int, what: str, pairs: int, path: str, warmup: int = 3) -> tuple[list, list]:
+  """`pairs` pairs of fresh-function samples of `what` (`lower()` or the first call), after
+  `warmup` pairs, the order alternating: `jax.jit`'s and donate's seconds, pair by pair."""
+  theirs, ours = [], []
+  for k in range(-warmup, pairs):
     t_ours = None if k % 2 else _once(donate.jit, n, what, k + 0.75, path)
     t_jax = _once(jax.jit, n, what, k + 0.25, path)
     if t_ours is None:
       t_ours = _once(donate.jit, n, what, k + 0.75, path)
     if k >= 0:
-      theirs.append(t_jax), ratios.append(t_ours / t_jax)
-  return statistics.median(theirs), ratios
+      theirs.append(t_jax), ours.append(t_ours)
+  return theirs, ours
 
 
-def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[float, list[float]]:
+def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[list, list]:
   """One warm function of each, `rounds` rounds of `_cached_calls(n)` calls (each fed its own
-  result) whose order alternates: `jax.jit`'s median seconds a call and the rounds' ratios."""
+  result) whose order alternates: `jax.jit`'s and donate's seconds a call, round by round."""
   funs = {
     jit: _jit_for(jit, path)(_step_factory(0.5, path != "native"), donate_argnums=donated)
     for jit in (jax.jit, donate.jit)
@@ -283,9 +283,8 @@ def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[float, li
   for jit, g in funs.items():
     for _ in range(20):
       state[jit] = g(state[jit])
-  calls, theirs, ratios = _cached_calls(n), [], []
+  calls, times = _cached_calls(n), {jax.jit: [], donate.jit: []}
   for k in range(rounds):
-    times = {}
     for jit in (jax.jit, donate.jit) if k % 2 else (donate.jit, jax.jit):
       p, g = jax.block_until_ready(state[jit]), funs[jit]
       gc.collect()
@@ -293,15 +292,21 @@ def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[float, li
       for _ in range(calls):
         p = g(p)
       state[jit] = jax.block_until_ready(p)
-      times[jit] = (time.perf_counter() - t0) / calls
-    theirs.append(times[jax.jit]), ratios.append(times[donate.jit] / times[jax.jit])
-  return statistics.median(theirs), ratios
+      times[jit].append((time.perf_counter() - t0) / calls)
+  return times[jax.jit], times[donate.jit]
 
 
-def _cell(theirs: float, ratios: list[float], unit: float, digits: int) -> str:
-  r = sorted(ratios)
-  q1, q3 = (r[int(q * (len(r) - 1))] for q in (0.25, 0.75))
-  return f"{theirs * unit:.{digits}f} | {statistics.median(r):.3f}x ({q1:.2f}-{q3:.2f})"
+def _quartiles(values: list[float]) -> tuple[float, float]:
+  v = sorted(values)
+  return v[int(0.25 * (len(v) - 1))], v[int(0.75 * (len(v) - 1))]
+
+
+def _cell(theirs: list, ours: list, unit: float, digits: int) -> str:
+  """`jax.jit`'s median time, then the median ratio of the pairs with its quartiles."""
+  ratios = [o / t for o, t in zip(ours, theirs)]
+  q1, q3 = _quartiles(ratios)
+  return (f"{statistics.median(theirs) * unit:.{digits}f} | {statistics.median(ratios):.3f}x "
+          f"({q1:.2f}-{q3:.2f})")
 
 
 def paired_table(sizes, pairs: int, rounds: int, paths=DEFAULT_PATHS) -> str:
@@ -318,11 +323,9 @@ def paired_table(sizes, pairs: int, rounds: int, paths=DEFAULT_PATHS) -> str:
       r = rounds if n <= 1000 else max(11, rounds // 4)
       cells.append(_cell(*_cached_rounds(n, r, path), 1e6, 1))
       rows.append(f"| {n} | {path} | {p} / {r} | " + " | ".join(cells) + " |")
-  theirs, ratios = _cached_rounds(10, rounds, "native", donated=None)
-  q = sorted(ratios)
+  jax_us, ratio = _cell(*_cached_rounds(10, rounds, "native", donated=None), 1e6, 1).split(" | ")
   undonated = (f"Cached call of the 10-leaf native step donating nothing (no frame of donate's "
-               f"before the dispatch), {rounds} rounds: `jax.jit` {theirs * 1e6:.1f} us, ratio "
-               f"{statistics.median(q):.3f}x ({q[len(q) // 4]:.2f}-{q[3 * (len(q) - 1) // 4]:.2f})")
+               f"before the dispatch), {rounds} rounds: `jax.jit` {jax_us} us, ratio {ratio}")
   head = ("| leaves | path | pairs / rounds | `jax.jit` `lower()` ms | ratio | `jax.jit` first "
           "call ms | ratio | `jax.jit` cached call us | ratio |")
   title = (f"Interleaved pairs of fresh functions (`lower()`, first call) and {rounds} "
@@ -337,16 +340,10 @@ def lower_pairs(sizes, pairs: int, paths=DEFAULT_PATHS) -> str:
   rows = []
   for n in sizes:
     for path in paths:
-      theirs, diffs, ratios = [], [], []
-      for k in range(-5, pairs):
-        t_ours = None if k % 2 else _once(donate.jit, n, "lower()", k + 0.75, path)
-        t_jax = _once(jax.jit, n, "lower()", k + 0.25, path)
-        if t_ours is None:
-          t_ours = _once(donate.jit, n, "lower()", k + 0.75, path)
-        if k >= 0:
-          theirs.append(t_jax), diffs.append(t_ours - t_jax), ratios.append(t_ours / t_jax)
-      diffs.sort()
-      q1, q3 = (diffs[int(q * (len(diffs) - 1))] * 1e3 for q in (0.25, 0.75))
+      theirs, ours = _paired(n, "lower()", pairs, path, warmup=5)
+      diffs = sorted(o - t for o, t in zip(ours, theirs))
+      ratios = [o / t for o, t in zip(ours, theirs)]
+      q1, q3 = (q * 1e3 for q in _quartiles(diffs))
       rows.append(f"| {n} | {path} | {statistics.median(theirs) * 1e3:.2f} | "
                   f"{statistics.median(diffs) * 1e3:.2f} ({q1:.2f} to {q3:.2f}) | "
                   f"{statistics.median(ratios):.3f}x |")

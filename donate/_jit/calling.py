@@ -79,12 +79,11 @@ def _failed(wrapped, e: BaseException, args, kwargs) -> None:
   rejects it when one is donated), and, as `jax.jit`'s filtered tracebacks start at the user's
   call, takes `checked`'s frame off `e`'s traceback, or marks it hidden where JAX marks its
   own (JAX filtered the rest: `dispatch_for`)."""
-  binding = wrapped._fn.binding if wrapped is not None else None
   if (
-    binding is not None
+    wrapped is not None
     and isinstance(e, (jax.errors.JaxRuntimeError, ValueError))
     and _compat.trace_state_clean()
-    and _binding.repeats_an_array(binding, args, kwargs)
+    and _binding.repeats_an_array(wrapped._fn.binding, args, kwargs)
   ):
     with contextlib.suppress(_program.Unplanned):  # (hijax types: JAX's own error stands)
       signature, call = wrapped._prepare(args, kwargs)
@@ -96,8 +95,9 @@ def _failed(wrapped, e: BaseException, args, kwargs) -> None:
     e.__traceback__ = tb.tb_next
 
 
-def dispatch_for(wrapped, jitted):
-  """The C++ dispatch of a `donate.jit` function, keyed as `jax.jit`'s own: every call whose
+def dispatch_for(wrapped, jitted) -> tuple:
+  """`(dispatch, stand-in)`: the C++ dispatch of a `donate.jit` function and the `gate.StandIn`
+  it is keyed by. The dispatch is keyed as `jax.jit`'s own: every call whose
   arguments and JAX configuration match an entry runs that entry's program, with no Python; any
   other call plans first (the miss, holding a weak reference: no cycle). Its
   entries are shared by every `donate.jit` of the same function and options (`Gated.stand_in`),
@@ -127,8 +127,8 @@ def dispatch_for(wrapped, jitted):
     o.symmetric_placement,
   )
   key = repr((*ours, *(o.jit_kwargs.get(k) for k in own)))
-  wrapped._stand_in = wrapped._gated.stand_in(key)
-  return _compat.dispatch_like(jitted, wrapped._stand_in, miss)
+  stand_in = wrapped._gated.stand_in(key)
+  return _compat.dispatch_like(jitted, stand_in, miss), stand_in
 
 
 def _missed(self, args, kwargs):

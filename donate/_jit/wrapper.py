@@ -78,8 +78,12 @@ class JitWrapped:
     self._into: JitWrapped | None = None
     self._lock = threading.RLock()
     self._plans = _gate.Plans(self, name)  # cleared with JAX's caches (jax.clear_caches())
-    self._stand_in: _gate.StandIn | None = None  # what the dispatch is keyed by (its own sets it)
-    self._dispatch = _plain(self) if self._plain_only else _calling.dispatch_for(self, jitted)
+    self._dispatch: Any  # and what it is keyed by (none for jax.jit's own)
+    self._stand_in: _gate.StandIn | None
+    if self._plain_only:
+      self._dispatch, self._stand_in = _plain(self), None
+    else:
+      self._dispatch, self._stand_in = _calling.dispatch_for(self, jitted)
     self._call = self._dispatch  # what a call calls (`__call__`; `_calling.checks`)
     _calling.follow(self, asks=not self._traces_plain)
 
