@@ -9,7 +9,8 @@ computed from input N-1-k, so donate pairs every leaf otherwise than `jax.jit` (
 lowering with its aliases set. `--paths re-paired-64k` (not run by default) is the same step on
 float32[16384] leaves (64 KiB each) at the default `copy_threshold`: the re-pairing donate makes
 on its own, where `jax.jit`'s first-come program copies every leaf. The cached call times a loop
-of calls that feed each call's result to the next (1000 calls up to 100 leaves, 200 above). Every
+of calls that feed each call's result to the next (1000 calls up to 100 leaves, 200 up to 1000,
+20 at 10,000). Every
 sample builds fresh functions (no cache helps either side) and runs one of each back to back,
 `jax.jit` first ("in order") or donate.jit first ("swapped"); the table gives the median ratio
 over the pairs. Each sample starts after
@@ -21,9 +22,13 @@ work (planning, `_signature.prepare`, and reading the compiled program back,
 one parameter and one momentum leaf per weight). Last, a cached call of a step with a host
 callback (no C++ entry can run it). `--lower-pairs P` times `lower()` alone instead, over P
 pairs whose order alternates (the median difference and ratio of each size and path: a noisy
-machine needs a few hundred pairs to tell 5% from 10% at 10 leaves). Run:
+machine needs a few hundred pairs to tell 5% from 10% at 10 leaves). `--pairs P --rounds R`
+times every size and path over P interleaved pairs of fresh functions (`lower()`, first call)
+and R interleaved rounds of two warm ones (cached call), with the ratios' quartiles (each row
+printed to stderr as it is measured), then the 10-leaf native cached call split: donate.jit's,
+its C++ dispatch alone, and `jax.jit`'s behind one Python frame (`frame_share`). Run:
   python benchmarks/bench_pytree_cost.py [--sizes 10,100,1000,10000] [--repeats 7] [--layers 24]
-      [--paths native,re-paired[,re-paired-64k]] [--lower-pairs 201]
+      [--paths native,re-paired[,re-paired-64k]] [--lower-pairs 201] [--pairs 101 --rounds 201]
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import time
 
 import jax
@@ -74,8 +80,9 @@ def _params(n: int, size: int = 64) -> dict:
 
 def _cached_calls(n: int) -> int:
   """Calls timed per cached-call sample: 1000 up to 100 leaves (a call is 30-160 us there, and
-  200 of them, 6 ms, swing by several percent from one sample to the next), else 200."""
-  return 1000 if n <= 100 else 200
+  200 of them, 6 ms, swing by several percent from one sample to the next), 200 up to 1000
+  leaves, else 20 (a sample of 10,000 leaves is then about a second)."""
+  return 1000 if n <= 100 else 200 if n <= 1000 else 20
 
 
 def _once(jit, n: int, what: str, shift: float, path: str) -> float:
@@ -272,28 +279,68 @@ def _paired(n: int, what: str, pairs: int, path: str, warmup: int = 3) -> tuple[
   return theirs, ours
 
 
-def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[list, list]:
-  """One warm function of each, `rounds` rounds of `_cached_calls(n)` calls (each fed its own
-  result) whose order alternates: `jax.jit`'s and donate's seconds a call, round by round."""
-  funs = {
-    jit: _jit_for(jit, path)(_step_factory(0.5, path != "native"), donate_argnums=donated)
-    for jit in (jax.jit, donate.jit)
-  }
-  state = {jit: _params(n, PATHS[path][1]) for jit in funs}
-  for jit, g in funs.items():
-    for _ in range(20):
-      state[jit] = g(state[jit])
-  calls, times = _cached_calls(n), {jax.jit: [], donate.jit: []}
-  for k in range(rounds):
-    for jit in (jax.jit, donate.jit) if k % 2 else (donate.jit, jax.jit):
-      p, g = jax.block_until_ready(state[jit]), funs[jit]
+def _interleaved(funs: dict, state: dict, rounds: int, calls: int) -> dict:
+  """Seconds a cached call of each of `funs` (each fed its own result, `state`), round by round:
+  `rounds` rounds of `calls` calls, the functions' order reversed every other round, each
+  sample after `gc.collect()`."""
+  times: dict = {k: [] for k in funs}
+  for r in range(rounds):
+    for k in list(funs) if r % 2 else list(funs)[::-1]:
+      p, g = jax.block_until_ready(state[k]), funs[k]
       gc.collect()
       t0 = time.perf_counter()
       for _ in range(calls):
         p = g(p)
-      state[jit] = jax.block_until_ready(p)
-      times[jit].append((time.perf_counter() - t0) / calls)
+      state[k] = jax.block_until_ready(p)
+      times[k].append((time.perf_counter() - t0) / calls)
+  return times
+
+
+def _warm(funs: dict, n: int, size: int) -> dict:
+  """Fresh parameters for each of `funs`, after 20 calls of it."""
+  state = {k: _params(n, size) for k in funs}
+  for k, g in funs.items():
+    for _ in range(20):
+      state[k] = g(state[k])
+  return state
+
+
+def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[list, list]:
+  """One warm function of each, `rounds` interleaved rounds of `_cached_calls(n)` calls:
+  `jax.jit`'s and donate's seconds a call, round by round."""
+  funs = {
+    jit: _jit_for(jit, path)(_step_factory(0.5, path != "native"), donate_argnums=donated)
+    for jit in (jax.jit, donate.jit)
+  }
+  times = _interleaved(funs, _warm(funs, n, PATHS[path][1]), rounds, _cached_calls(n))
   return times[jax.jit], times[donate.jit]
+
+
+def frame_share(n: int, rounds: int) -> str:
+  """The cached call of the `n`-leaf native step (donated) split: donate.jit's call (its C++
+  dispatch in the one Python frame that names an array passed twice), that dispatch called
+  directly, and `jax.jit`'s behind one Python frame of the same form, each against `jax.jit`'s
+  own call in the same rounds."""
+  step = _step_factory(0.5)
+  jitted, ours = jax.jit(step, donate_argnums=0), donate.jit(step, donate_argnums=0)
+  ours(_params(n))  # planned: its call is now the checked one
+
+  def one_frame(*args, **kwargs):
+    try:
+      return jitted(*args, **kwargs)
+    except BaseException:
+      raise
+
+  funs = {"jax.jit": jitted, "donate.jit": ours, "its dispatch alone": ours._dispatch,
+          "jax.jit behind one frame": one_frame}
+  times = _interleaved(funs, _warm(funs, n, 64), rounds, _cached_calls(n))
+  cells = []
+  for k in list(funs)[1:]:
+    ratios = [o / t for o, t in zip(times[k], times["jax.jit"])]
+    q1, q3 = _quartiles(ratios)
+    cells.append(f"{k} {statistics.median(ratios):.3f}x ({q1:.2f}-{q3:.2f})")
+  return (f"Cached call of the {n}-leaf native step, {rounds} rounds: `jax.jit` "
+          f"{statistics.median(times['jax.jit']) * 1e6:.1f} us; " + ", ".join(cells))
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
@@ -312,17 +359,16 @@ def _cell(theirs: list, ours: list, unit: float, digits: int) -> str:
 def paired_table(sizes, pairs: int, rounds: int, paths=DEFAULT_PATHS) -> str:
   """Every size and path: `lower()` and the first call over interleaved pairs of fresh functions
   (`pairs` up to 100 leaves, a fifth of it at 1000, a tenth at 10,000; at least 5), and the
-  cached call over `rounds` interleaved rounds of two warm functions (a quarter of them at
-  10,000 leaves, at least 11). Each cell: `jax.jit`'s
+  cached call over `rounds` interleaved rounds of two warm functions. Each cell: `jax.jit`'s
   median time, then the median of the pairs' (rounds') ratios with their quartiles."""
   rows = []
   for n in sizes:
     p = pairs if n <= 100 else max(5, pairs // (5 if n <= 1000 else 10))
     for path in paths:
       cells = [_cell(*_paired(n, what, p, path), 1e3, 1) for what in ("lower()", "first call")]
-      r = rounds if n <= 1000 else max(11, rounds // 4)
-      cells.append(_cell(*_cached_rounds(n, r, path), 1e6, 1))
-      rows.append(f"| {n} | {path} | {p} / {r} | " + " | ".join(cells) + " |")
+      cells.append(_cell(*_cached_rounds(n, rounds, path), 1e6, 1))
+      rows.append(f"| {n} | {path} | {p} / {rounds} | " + " | ".join(cells) + " |")
+      print(rows[-1], file=sys.stderr, flush=True)  # progress: a row of 10,000 leaves is minutes
   jax_us, ratio = _cell(*_cached_rounds(10, rounds, "native", donated=None), 1e6, 1).split(" | ")
   undonated = (f"Cached call of the 10-leaf native step donating nothing (no frame of donate's "
                f"before the dispatch), {rounds} rounds: `jax.jit` {jax_us} us, ratio {ratio}")
@@ -330,7 +376,9 @@ def paired_table(sizes, pairs: int, rounds: int, paths=DEFAULT_PATHS) -> str:
           "call ms | ratio | `jax.jit` cached call us | ratio |")
   title = (f"Interleaved pairs of fresh functions (`lower()`, first call) and {rounds} "
            f"interleaved rounds of warm ones (cached call); ratio: median (quartiles)")
-  table = [title, "", head, "|---|---|---|---|---|---|---|---|---|", *rows, "", undonated]
+  frame = frame_share(10, rounds)
+  table = [title, "", head, "|---|---|---|---|---|---|---|---|---|", *rows, "", undonated, "",
+           frame]
   return "\n".join(table)
 
 
