@@ -18,7 +18,6 @@ form, to show what a frame costs. Needs `valgrind` (`apt-get install valgrind`).
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
 import shutil
@@ -27,32 +26,17 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-VARIANTS = ("jax.jit", "donate.jit", "its dispatch alone", "jax.jit behind one frame")
 PATHS = ("native", "re-paired")
 
 
 def _worker(variant: str, path: str, n: int, calls: int, fifo: str) -> None:
   """In the process callgrind runs: warms the function, says so, waits on `fifo` (a blocking
   read, no instructions) while the parent turns instrumentation on, then makes the calls."""
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  import bench_pytree_cost as b
+  import bench_pytree_cost as b  # beside this script, first on its path
   import jax
 
-  import donate
-
-  step = b._step_factory(0.5, path != "native")
-  jitted = jax.jit(step, donate_argnums=0)
-  ours = b._jit_for(donate.jit, path)(step, donate_argnums=0)
-  jitted(b._params(n)), ours(b._params(n))  # both compiled before the parameters are made:
-  # malloc's search depends on what the heap went through, as much as 2% of these counts
-
-  def one_frame(*args, **kwargs):
-    try:
-      return jitted(*args, **kwargs)
-    except BaseException:
-      raise
-
-  g = dict(zip(VARIANTS, (jitted, ours, ours._dispatch, one_frame)))[variant]
+  g = b.call_variants(n, path)[variant]  # both compiled before the parameters are made: malloc's
+  # search depends on what the heap went through, as much as 2% of these counts
   p = b._params(n)
   for _ in range(5):
     p = g(p)
@@ -84,8 +68,7 @@ def count(variant: str, path: str, n: int, calls: int) -> float:
     with open(fifo, "w") as f:
       f.write("g")
     proc.wait()
-    main = sorted(glob.glob(out + "-01"))  # the thread that made the calls
-    text = open(main[0]).read()
+    text = open(out + "-01").read()  # the thread that made the calls
     totals = re.search(r"^(?:totals|summary): (\d+)", text, re.M)
     assert totals is not None, "no totals in callgrind's output"
     return int(totals.group(1)) / calls
@@ -104,23 +87,24 @@ def main(argv=None) -> None:
   if shutil.which("valgrind") is None:
     sys.exit("bench_call_instructions.py needs valgrind (apt-get install valgrind)")
   import jax
+  from bench_pytree_cost import CALLS
 
   print(f"Machine: Python {sys.version.split()[0]}, jax {jax.__version__}\n")
   rows = []
   for n in (int(s) for s in args.sizes.split(",")):
     calls = max(20, args.calls * 10 // n) if n > 10 else args.calls
     for path in PATHS:
-      jobs = [(v, path, n, calls) for v in VARIANTS]
+      jobs = [(v, path, n, calls) for v in CALLS]
       with ThreadPoolExecutor(2) as pool:  # two processes at a time: one a core
-        counts = dict(zip(VARIANTS, pool.map(lambda job: count(*job), jobs)))
+        counts = dict(zip(CALLS, pool.map(lambda job: count(*job), jobs)))
       theirs = counts["jax.jit"]
       cells = [f"{theirs:,.0f}"] + [f"{counts[v]:,.0f} ({counts[v] / theirs:.3f}x)"
-                                    for v in VARIANTS[1:]]  # fmt: skip
+                                    for v in CALLS[1:]]  # fmt: skip
       rows.append(f"| {n} | {path} | {calls} | " + " | ".join(cells) + " |")
       print(rows[-1], file=sys.stderr, flush=True)
-  head = "| leaves | path | calls | " + " | ".join(VARIANTS) + " |"
+  head = "| leaves | path | calls | " + " | ".join(CALLS) + " |"
   print("Instructions of the calling thread per cached call (callgrind)\n")
-  print("\n".join([head, "|---" * (3 + len(VARIANTS)) + "|", *rows]))
+  print("\n".join([head, "|---" * (3 + len(CALLS)) + "|", *rows]))
 
 
 if __name__ == "__main__":

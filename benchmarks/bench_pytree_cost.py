@@ -316,14 +316,19 @@ def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[list, lis
   return times[jax.jit], times[donate.jit]
 
 
-def frame_share(n: int, rounds: int) -> str:
-  """The cached call of the `n`-leaf native step (donated) split: donate.jit's call (its C++
-  dispatch in the one Python frame that names an array passed twice), that dispatch called
-  directly, and `jax.jit`'s behind one Python frame of the same form, each against `jax.jit`'s
-  own call in the same rounds."""
-  step = _step_factory(0.5)
-  jitted, ours = jax.jit(step, donate_argnums=0), donate.jit(step, donate_argnums=0)
-  ours(_params(n))  # planned: its call is now the checked one
+CALLS = ("jax.jit", "donate.jit", "its dispatch alone", "jax.jit behind one frame")
+
+
+def call_variants(n: int, path: str = "native") -> dict:
+  """The `n`-leaf step of `path` (donated) called four ways (`CALLS`), each compiled: `jax.jit`'s
+  call; donate.jit's (its C++ dispatch behind the `__call__` property and the one frame that
+  names an array passed twice); that dispatch called directly; `jax.jit`'s behind one Python
+  frame of the same form as donate's."""
+  step = _step_factory(0.5, path != "native")
+  jitted = jax.jit(step, donate_argnums=0)
+  ours = _jit_for(donate.jit, path)(step, donate_argnums=0)
+  size = PATHS[path][1]
+  jitted(_params(n, size)), ours(_params(n, size))  # compiled; donate's call is now the checked one
 
   def one_frame(*args, **kwargs):
     try:
@@ -331,11 +336,16 @@ def frame_share(n: int, rounds: int) -> str:
     except BaseException:
       raise
 
-  funs = {"jax.jit": jitted, "donate.jit": ours, "its dispatch alone": ours._dispatch,
-          "jax.jit behind one frame": one_frame}
+  return dict(zip(CALLS, (jitted, ours, ours._dispatch, one_frame)))
+
+
+def frame_share(n: int, rounds: int) -> str:
+  """The cached call of the `n`-leaf native step split (`call_variants`), each way against
+  `jax.jit`'s own call in the same rounds."""
+  funs = call_variants(n)
   times = _interleaved(funs, _warm(funs, n, 64), rounds, _cached_calls(n))
   cells = []
-  for k in list(funs)[1:]:
+  for k in CALLS[1:]:
     ratios = [o / t for o, t in zip(times[k], times["jax.jit"])]
     q1, q3 = _quartiles(ratios)
     cells.append(f"{k} {statistics.median(ratios):.3f}x ({q1:.2f}-{q3:.2f})")
