@@ -305,12 +305,14 @@ def _warm(funs: dict, n: int, size: int) -> dict:
   return state
 
 
-def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[list, list]:
+def _cached_rounds(n: int, rounds: int, path: str, donated=0, donate_first=False) -> tuple[list, list]:
   """One warm function of each, `rounds` interleaved rounds of `_cached_calls(n)` calls:
-  `jax.jit`'s and donate's seconds a call, round by round."""
+  `jax.jit`'s and donate's seconds a call, round by round. Both functions are made, compiled and
+  given their parameters in one order, `jax.jit`'s first unless `donate_first`."""
+  order = (donate.jit, jax.jit) if donate_first else (jax.jit, donate.jit)
   funs = {
     jit: _jit_for(jit, path)(_step_factory(0.5, path != "native"), donate_argnums=donated)
-    for jit in (jax.jit, donate.jit)
+    for jit in order
   }
   times = _interleaved(funs, _warm(funs, n, PATHS[path][1]), rounds, _cached_calls(n))
   return times[jax.jit], times[donate.jit]
@@ -319,16 +321,22 @@ def _cached_rounds(n: int, rounds: int, path: str, donated=0) -> tuple[list, lis
 CALLS = ("jax.jit", "donate.jit", "its dispatch alone", "jax.jit behind one frame")
 
 
-def call_variants(n: int, path: str = "native") -> dict:
+def call_variants(n: int, path: str = "native", donate_first: bool = False) -> dict:
   """The `n`-leaf step of `path` (donated) called four ways (`CALLS`), each compiled: `jax.jit`'s
   call; donate.jit's (its C++ dispatch behind the `__call__` property and the one frame that
   names an array passed twice); that dispatch called directly; `jax.jit`'s behind one Python
-  frame of the same form as donate's."""
+  frame of the same form as donate's. `jax.jit`'s is made and compiled first unless
+  `donate_first`."""
   step = _step_factory(0.5, path != "native")
-  jitted = jax.jit(step, donate_argnums=0)
-  ours = _jit_for(donate.jit, path)(step, donate_argnums=0)
   size = PATHS[path][1]
-  jitted(_params(n, size)), ours(_params(n, size))  # compiled; donate's call is now the checked one
+  if donate_first:
+    ours = _jit_for(donate.jit, path)(step, donate_argnums=0)
+    ours(_params(n, size))  # compiled; donate's call is now the checked one
+  jitted = jax.jit(step, donate_argnums=0)
+  jitted(_params(n, size))
+  if not donate_first:
+    ours = _jit_for(donate.jit, path)(step, donate_argnums=0)
+    ours(_params(n, size))
 
   def one_frame(*args, **kwargs):
     try:
