@@ -20,7 +20,7 @@ nothing (no frame of donate's before its dispatch); "split" times the native ste
 in each process (`bench_pytree_cost.call_variants`): donate.jit's call (its dispatch behind the
 `__call__` property and the one frame that names an array passed twice), its C++ dispatch alone,
 and `jax.jit`'s behind one Python frame. Run:
-  python benchmarks/bench_cached_call.py [--sizes 10,100,1000] [--processes 15] [--rounds 41]
+  python benchmarks/bench_cached_call.py [--sizes 10,100,1000] [--processes 16] [--rounds 41]
       [--paths native,re-paired[,undonated,split]]
 """
 
@@ -33,6 +33,9 @@ import statistics
 import subprocess
 import sys
 
+import bench_pytree_cost as b  # beside this script, first on its path
+import jax
+
 PATHS = ("native", "re-paired", "undonated", "split")
 
 
@@ -40,8 +43,6 @@ def _worker(n: int, path: str, rounds: int, donate_first: bool) -> None:
   """In a fresh process: `rounds` interleaved rounds, printed as one JSON line of seconds a call
   for each function timed. Functions are made, compiled and given their parameters `jax.jit`'s
   first, or donate's first (`donate_first`)."""
-  import bench_pytree_cost as b  # beside this script, first on its path
-
   if path == "split":  # the four ways of calling the native step, each warm and compiled
     funs = b.call_variants(n, donate_first=donate_first)
     if donate_first:
@@ -66,11 +67,6 @@ def process(n: int, path: str, rounds: int, donate_first: bool) -> dict[str, flo
   return {"jax.jit": statistics.median(theirs), **ratios}
 
 
-def _quartiles(values: list[float]) -> tuple[float, float]:
-  v = sorted(values)
-  return v[int(0.25 * (len(v) - 1))], v[int(0.75 * (len(v) - 1))]
-
-
 def rows(n: int, path: str, processes: int, rounds: int) -> list[str]:
   """A row for each function timed against `jax.jit` (donate.jit's; "split": each of
   `bench_pytree_cost.CALLS`)."""
@@ -79,7 +75,7 @@ def rows(n: int, path: str, processes: int, rounds: int) -> list[str]:
   out = []
   for k in (k for k in measured[0] if k != "jax.jit"):
     ratios = [m[k] for m in measured]
-    q1, q3 = _quartiles(ratios)
+    q1, q3 = b._quartiles(ratios)
     name = path if path != "split" else f"native: {k}"
     out.append(f"| {n} | {name} | {processes} x {rounds} | {jax_us:.1f} | "
                f"**{statistics.median(ratios):.3f}x** | {q1:.3f}-{q3:.3f} | "
@@ -90,7 +86,7 @@ def rows(n: int, path: str, processes: int, rounds: int) -> list[str]:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes", default="10,100,1000")
-  parser.add_argument("--processes", type=int, default=15)
+  parser.add_argument("--processes", type=int, default=16)
   parser.add_argument("--rounds", type=int, default=41)
   parser.add_argument("--paths", default="native,re-paired", help=", ".join(PATHS))
   parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
@@ -99,8 +95,6 @@ def main(argv=None) -> None:
     n, path, rounds, donate_first = args.worker
     _worker(int(n), path, int(rounds), donate_first == "1")
     return
-  import jax
-
   print(f"Machine: Python {sys.version.split()[0]}, jax {jax.__version__}, "
         f"{os.cpu_count()} cores\n")  # fmt: skip
   table: list[str] = []

@@ -305,14 +305,20 @@ def _warm(funs: dict, n: int, size: int) -> dict:
   return state
 
 
-def _cached_rounds(n: int, rounds: int, path: str, donated=0, donate_first=False) -> tuple[list, list]:
+def _order(donate_first: bool) -> tuple:
+  """The order in which a run makes, compiles and feeds its two sides."""
+  return (donate.jit, jax.jit) if donate_first else (jax.jit, donate.jit)
+
+
+def _cached_rounds(
+  n: int, rounds: int, path: str, donated=0, donate_first=False
+) -> tuple[list, list]:
   """One warm function of each, `rounds` interleaved rounds of `_cached_calls(n)` calls:
   `jax.jit`'s and donate's seconds a call, round by round. Both functions are made, compiled and
   given their parameters in one order, `jax.jit`'s first unless `donate_first`."""
-  order = (donate.jit, jax.jit) if donate_first else (jax.jit, donate.jit)
   funs = {
     jit: _jit_for(jit, path)(_step_factory(0.5, path != "native"), donate_argnums=donated)
-    for jit in order
+    for jit in _order(donate_first)
   }
   times = _interleaved(funs, _warm(funs, n, PATHS[path][1]), rounds, _cached_calls(n))
   return times[jax.jit], times[donate.jit]
@@ -328,15 +334,10 @@ def call_variants(n: int, path: str = "native", donate_first: bool = False) -> d
   frame of the same form as donate's. `jax.jit`'s is made and compiled first unless
   `donate_first`."""
   step = _step_factory(0.5, path != "native")
-  size = PATHS[path][1]
-  if donate_first:
-    ours = _jit_for(donate.jit, path)(step, donate_argnums=0)
-    ours(_params(n, size))  # compiled; donate's call is now the checked one
-  jitted = jax.jit(step, donate_argnums=0)
-  jitted(_params(n, size))
-  if not donate_first:
-    ours = _jit_for(donate.jit, path)(step, donate_argnums=0)
-    ours(_params(n, size))
+  made = {jit: _jit_for(jit, path)(step, donate_argnums=0) for jit in _order(donate_first)}
+  for g in made.values():  # each compiled; donate's call is then the checked one
+    g(_params(n, PATHS[path][1]))
+  jitted, ours = made[jax.jit], made[donate.jit]
 
   def one_frame(*args, **kwargs):
     try:
