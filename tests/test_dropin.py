@@ -4,6 +4,8 @@ Every check here runs the same code under `jax.jit` and under `donate.jit` and c
 sees: results, which arrays are consumed, staged objects and their members, errors and warnings.
 """
 
+import inspect
+import pickle
 import warnings
 
 import jax
@@ -198,6 +200,68 @@ def test_the_wrapped_function_keeps_jax_jit_attributes():
   s = donate.jit(swapped_update, donate_argnums=(0, 1), copy_threshold=0)
   s(fresh(), fresh())
   assert s._cache_size() == 1
+
+
+def scaled(x, scale):  # module level: pickled by reference
+  return x * scale
+
+
+def _as_a_function(jit):
+  """What a user or a framework does with a jitted function as a Python object, by name: each
+  answer is compared between `jax.jit` and `donate.jit` (a `functools.partial` subclass, a plain
+  function or a bound method would each change one of these)."""
+  x, s = fresh(value=2.0), fresh(value=3.0)
+  g = jit(scaled, donate_argnums=0)
+
+  def with_jvp(h):
+    h.defjvp(lambda p, t: (scaled(*p), t[0] * p[1]))
+    return h
+
+  jvp = with_jvp(jax.custom_jvp(jit(scaled)))  # JAX binds keywords through the signature
+  vjp = jax.custom_vjp(jit(scaled))
+  vjp.defvjp(lambda x, scale: (scaled(x, scale), scale), lambda scale, ct: (ct * scale, ct * 0))
+
+  class Scaler:  # hashable: its instances are the static `self` of a jitted method
+    def __init__(self, by):
+      self.by = by
+
+    def __hash__(self):
+      return hash(self.by)
+
+    def __eq__(self, other):
+      return isinstance(other, Scaler) and other.by == self.by
+
+    apply = jit(lambda self, x: x * self.by, static_argnums=0)  # bound to the instance
+
+  outer = jax.jit(lambda x: jit(scaled)(x, 2.0))
+  return {
+    "signature": str(inspect.signature(g)),
+    "custom_jvp keyword": jvp(fresh(), scale=s),
+    "custom_jvp jvp": jax.jvp(lambda x: jvp(x, scale=s), (fresh(),), (fresh(),))[1],
+    "custom_vjp keyword grad": jax.grad(lambda x: vjp(x, scale=s).sum())(fresh()),
+    "checkpoint keyword": jax.checkpoint(jit(scaled))(fresh(), scale=s),
+    "tree_util.Partial": jax.tree_util.Partial(jit(scaled), scale=s)(fresh()),
+    "method": Scaler(4.0).apply(fresh()),
+    "name of a nested call": outer.trace(fresh()).jaxpr.eqns[0].params["name"],
+    "JAX's debug info": jax.make_jaxpr(jit(scaled))(fresh(), s).jaxpr.debug_info.func_src_info,
+    "called": g(x, s),
+    "consumed": x.is_deleted(),
+  }
+
+
+def test_the_function_object_behaves_as_jax_jits_in_pythons_and_jaxs_protocols():
+  ours, theirs = _as_a_function(donate.jit), _as_a_function(jax.jit)
+  assert ours.keys() == theirs.keys()
+  for what, expected in theirs.items():
+    if isinstance(expected, jax.Array):
+      np.testing.assert_array_equal(ours[what], expected, err_msg=what)
+    else:
+      assert str(ours[what]) == str(expected), what
+  # and it pickles as the same function with the same keywords (`jax.jit`'s needs cloudpickle)
+  g = pickle.loads(pickle.dumps(donate.jit(scaled, donate_argnums=0)))
+  x = fresh(value=2.0)
+  np.testing.assert_array_equal(g(x, 3.0), fresh(value=6.0))
+  assert x.is_deleted()
 
 
 # ---- modes and configuration ------------------------------------------------------------------
