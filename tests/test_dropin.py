@@ -213,11 +213,8 @@ def _as_a_function(jit):
   x, s = fresh(value=2.0), fresh(value=3.0)
   g = jit(scaled, donate_argnums=0)
 
-  def with_jvp(h):
-    h.defjvp(lambda p, t: (scaled(*p), t[0] * p[1]))
-    return h
-
-  jvp = with_jvp(jax.custom_jvp(jit(scaled)))  # JAX binds keywords through the signature
+  jvp = jax.custom_jvp(jit(scaled))  # JAX binds keywords through the signature
+  jvp.defjvp(lambda p, t: (scaled(*p), t[0] * p[1]))
   vjp = jax.custom_vjp(jit(scaled))
   vjp.defvjp(lambda x, scale: (scaled(x, scale), scale), lambda scale, ct: (ct * scale, ct * 0))
 
