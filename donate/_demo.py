@@ -1,4 +1,5 @@
-"""Measurements shared by `python -m donate` and `benchmarks/`: each against `jax.jit` in one run.
+"""Measurements shared by `python -m donate` and `benchmarks/`: each against `jax.jit` in one run,
+and the memory doctor on a small training step (`doctor`).
 
 Every figure comes from the compiled programs (`memory_analysis()`) or from timing real steps on
 this machine; nothing is estimated.
@@ -20,6 +21,8 @@ from donate._base import compat as _compat
 from donate._base.text import format_bytes
 from donate._jit import wrapper as _jit
 from donate._plan.memory_stats import MemoryStats
+from donate._profile.advice import Advice
+from donate._profile.profile import MemoryProfile
 
 
 def swapped_update(a, b):
@@ -124,4 +127,49 @@ def machine() -> str:
   return (
     f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
     f"jax {jax.__version__}, backend {jax.default_backend()}"
+  )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Doctor:
+  """What the memory doctor found on the demo's training step, and one remedy it measured."""
+
+  profile: MemoryProfile  # of jax.jit(lm_train_step) without donation
+  remedy: Advice  # the donation item of profile.advice(): its peak measured by a compile
+  workload: str
+
+
+def doctor(layers: int = 4, d_model: int = 128, batch: int = 8, seq: int = 128) -> Doctor:
+  """Profiles `jax.jit(lm_train_step)` as a user first writes it (nothing donated) and measures
+  the donation the profile suggests with one compile (`advice(candidates=["donate"])`)."""
+  from donate import _examples
+  from donate._profile import memory_profile
+
+  params = _examples.lm_init(jax.random.key(0), d_model=d_model, layers=layers, d_ff=4 * d_model)
+  opt = _examples.adam_init(params)
+  tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, 512)
+  profile = memory_profile(_compat.jax_jit(_examples.lm_train_step), params, opt, tokens)
+  remedy = next(a for a in profile.advice(candidates=["donate"]) if a.measured)
+  workload = (
+    f"a {layers}-layer transformer (d_model {d_model}, vocab 512, batch {batch} x {seq} tokens) "
+    "trained with Adam, jitted without donation"
+  )
+  return Doctor(profile, remedy, workload)
+
+
+def doctor_text(found: Doctor) -> str:
+  """The doctor's summary: the peak by category, the line holding most, the measured remedy."""
+  p = found.profile
+  top = p.by_line()[0]
+  rows = [f"  {format_bytes(g.total_bytes):>10}  {g.key}" for g in p.by_category()[:5]]
+  remedy = found.remedy
+  return "\n".join(
+    [
+      f"step: {found.workload}",
+      f"peak {format_bytes(p.peak_bytes)}; by category:",
+      *rows,
+      f"the line that holds most: {top}",
+      f"remedy, measured by a compile: {remedy.how}: peak {format_bytes(p.peak_bytes)} -> "
+      f"{format_bytes(remedy.peak_bytes or 0)} ({format_bytes(remedy.saving_bytes)} saved)",
+    ]
   )

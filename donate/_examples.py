@@ -7,7 +7,9 @@ the package does not export them; copy what you need).
 * a `[T, ...]` output filled slice by slice (`lax.fori_loop` and `lax.map`);
 * a transformer block's training step, data + tensor (sequence) parallel, with `psum`,
   `all_gather`, `psum_scatter` and `ppermute` under `shard_map`, a jitted NamedSharding update,
-  and `with_symmetric` on the gradient reduction (`block_train_step`).
+  and `with_symmetric` on the gradient reduction (`block_train_step`);
+* a few-layer decoder-only transformer trained with a hand-written Adam (`lm_train_step`), the
+  demo's workload for the memory doctor.
 """
 
 from __future__ import annotations
@@ -310,3 +312,65 @@ def block_abstract_args(
   params = {k: spec(s, BLOCK_SPECS[k]) for k, s in block_shapes(d_model, d_ff).items()}
   data = spec((batch, seq, d_model), DATA_SPEC)
   return params, dict(params), data, data
+
+
+def lm_init(key, vocab: int = 512, d_model: int = 128, layers: int = 4, d_ff: int = 512) -> dict:
+  """Parameters of a small decoder-only transformer: an embedding, `layers` blocks, a head."""
+  keys = iter(jax.random.split(key, 2 + 6 * layers))
+  normal = lambda shape: jax.random.normal(next(keys), shape, jnp.float32) / jnp.sqrt(shape[0])
+  block = lambda: {
+    "ln1": jnp.ones(d_model),
+    "wq": normal((d_model, d_model)),
+    "wk": normal((d_model, d_model)),
+    "wv": normal((d_model, d_model)),
+    "wo": normal((d_model, d_model)),
+    "ln2": jnp.ones(d_model),
+    "w1": normal((d_model, d_ff)),
+    "w2": normal((d_ff, d_model)),
+  }
+  return {
+    "embed": normal((vocab, d_model)),
+    "blocks": [block() for _ in range(layers)],
+    "head": normal((d_model, vocab)),
+  }
+
+
+def _causal_attention(h, p, heads: int, causal):
+  b, s, d = h.shape
+  split = lambda t: t.reshape(b, s, heads, d // heads)
+  w = jnp.einsum("bqhd,bkhd->bhqk", split(h @ p["wq"]), split(h @ p["wk"])) / jnp.sqrt(d // heads)
+  w = jax.nn.softmax(jnp.where(causal, w, -1e9), axis=-1)
+  return jnp.einsum("bhqk,bkhd->bqhd", w, split(h @ p["wv"])).reshape(b, s, d)
+
+
+def lm_loss(params, tokens, heads: int = 4):
+  """Next-token cross-entropy of a causal transformer on `tokens` ([batch, seq] int32)."""
+  x = params["embed"][tokens[:, :-1]]
+  causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))
+  for p in params["blocks"]:
+    x = x + _causal_attention(_norm(x, p["ln1"]), p, heads, causal) @ p["wo"]
+    x = x + jax.nn.gelu(_norm(x, p["ln2"]) @ p["w1"]) @ p["w2"]
+  logits = x @ params["head"]
+  labels = tokens[:, 1:]
+  picked = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+  return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+
+def adam_init(params) -> dict:
+  """Adam's state: first and second moments (zeros like `params`) and a step count."""
+  zeros = lambda: jax.tree.map(jnp.zeros_like, params)
+  return {"mu": zeros(), "nu": zeros(), "count": jnp.zeros((), jnp.int32)}
+
+
+def lm_train_step(params, opt, tokens, lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999):
+  """One training step with Adam: `(params, opt, tokens) -> (params, opt, loss)`.
+
+  Donate `params` and `opt` (arguments 0 and 1): each output but the loss can reuse their buffers.
+  """
+  loss, grads = jax.value_and_grad(lm_loss)(params, tokens)
+  count = opt["count"] + 1
+  mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, opt["mu"], grads)
+  nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, opt["nu"], grads)
+  scale = lr * jnp.sqrt(1 - b2**count) / (1 - b1**count)
+  params = jax.tree.map(lambda p, m, v: p - scale * m / (jnp.sqrt(v) + 1e-8), params, mu, nu)
+  return params, {"mu": mu, "nu": nu, "count": count}, loss

@@ -1,18 +1,43 @@
 """The main job (`python -m donate`) and the benchmark helpers run and report real figures."""
 
+import jax
+
+import donate
 from donate import __main__ as demo
-from donate import _demo
+from donate import _demo, _examples
 
 
-def test_demo_prints_the_plan_and_the_table(capsys):
-  demo.main(["--elements", "16384", "--steps", "2"])  # 64 KiB: copy_threshold
+def test_demo_prints_the_plan_the_table_and_the_doctor(capsys):
+  demo.main(["--elements", "16384", "--steps", "2", "--layers", "1", "--width", "32"])  # 64 KiB
   out = capsys.readouterr().out
   assert "DonationPlan for swapped_update" in out
   rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
   assert set(rows) >= {"donate.jit", "jax.jit(donate_argnums=(0, 1))", "jax.jit (no donation)"}
   assert "| 0 B " in rows["donate.jit"] and "0.50x" in rows["donate.jit"]  # no temporaries
-  why = [line for line in out.splitlines() if line.startswith("Why jax.jit copies:")]
-  assert len(why) == 1 and "first come, first served (a -> out[0], b -> out[1])" in why[0]
+  text = " ".join(out.split())
+  assert "Why jax.jit copies: it pairs donated inputs with outputs first come, first served" in text
+  assert "(a -> out[0], b -> out[1])" in text
+  assert "Why no donation can beat jax.jit's donating row" in text
+  doctor = out[out.index("2. The memory doctor") :]
+  assert "a 1-layer transformer (d_model 32" in doctor and "activations" in doctor
+  assert "the line that holds most:" in doctor and "_examples.py:" in doctor
+  assert "remedy, measured by a compile: donate_argnums=(0, 1): peak" in doctor
+
+
+def test_the_doctors_remedy_is_the_peak_of_the_donating_compile():
+  found = _demo.doctor(layers=1, d_model=32, batch=2, seq=16)
+  p = found.profile
+  assert sum(g.total_bytes for g in p.by_category()) == p.peak_bytes
+  assert {"activations", "optimizer state", "parameters"} <= {g.key for g in p.by_category()}
+  assert p.by_line()[0].total_bytes == max(line.total_bytes for line in p.by_line())
+  params = _examples.lm_init(jax.random.key(0), d_model=32, layers=1, d_ff=128)
+  opt = _examples.adam_init(params)
+  tokens = jax.random.randint(jax.random.key(1), (2, 17), 0, 512)
+  donating = jax.jit(_examples.lm_train_step, donate_argnums=(0, 1))
+  assert found.remedy.how == "donate_argnums=(0, 1)"
+  assert found.remedy.peak_bytes == donate.memory_profile(donating, params, opt, tokens).peak_bytes
+  assert found.remedy.peak_bytes < p.peak_bytes
+  assert "remedy, measured by a compile: donate_argnums=(0, 1)" in _demo.doctor_text(found)
 
 
 def test_swapped_rows_come_from_the_compiled_programs():
