@@ -5,7 +5,8 @@ committed .ipynb and docs/notebooks/*.html match them. Each runs as `scripts/not
 when it writes the .ipynb: in a new "python3" kernel working in notebooks/, importing the `donate`
 the tests import (this checkout's, put first on PYTHONPATH, or the installed wheel's when
 `scripts/wheel.sh` runs the tests against it). Nothing is written. The cells check the facts their text states, so a
-notebook whose text has become false fails here.
+notebook whose text has become false fails here; a notebook that reads as a user's story keeps its
+checks here instead (`CHECKS`: a last cell run in the same kernel, after the notebook's own).
 """
 
 import importlib.util
@@ -24,6 +25,29 @@ notebook_tool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(notebook_tool)
 
 
+# Notebook stem -> a cell run after the notebook's last one, in its kernel: the facts its text states.
+CHECKS = {
+    "05_where_the_memory_goes": """
+stats = step.lower(params, momentum, tokens).compile().memory_analysis()
+assert profile.temp_bytes == stats.temp_size_in_bytes
+assert profile.alias_bytes == stats.alias_size_in_bytes > 0
+assert profile.attributed_fraction() >= 0.95
+cells = [line.source for line in profile.by_line()]
+assert cells and all(s.startswith("In[") and "ipykernel" not in s for s in cells), cells
+measured = [a for a in remedies if a.measured]
+assert measured and all(a.saving_bytes == profile.peak_bytes - a.peak_bytes for a in measured)
+if GPU_AOT:
+    assert on_h100.platform == "gpu" and on_h100.fits("h100")
+    assert on_h100.argument_bytes < profile.argument_bytes  # a shard per device
+assert comparison.delta == nnx_profile.peak_bytes - plain_profile.peak_bytes
+assert (advice[0].path, advice[0].keyword) == ("cache", "donate_argnums=0")
+assert before.peak_bytes - after.peak_bytes == advice[0].nbytes
+assert ("temporary of exp" in plan.decisions[0].reason) == bool(temporary)
+assert plan.profile.donation_saved_bytes == x.nbytes  # measured: compiled without the donation
+""",
+}
+
+
 def test_there_are_notebooks():
   assert len(notebook_tool.sources()) >= 4
 
@@ -31,6 +55,9 @@ def test_there_are_notebooks():
 @pytest.mark.parametrize("source", notebook_tool.sources(), ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(source):
   nb = notebook_tool.read_source(source)
+  if source.stem in CHECKS:
+    nbformat = pytest.importorskip("nbformat")
+    nb.cells.append(nbformat.v4.new_code_cell(CHECKS[source.stem]))
   try:
     notebook_tool.execute(nb)
   except nbclient.exceptions.CellExecutionError as e:

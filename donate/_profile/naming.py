@@ -24,6 +24,7 @@ its operand, a loop body's parameter for the loop that calls it, a fusion withou
 
 from __future__ import annotations
 
+from donate._profile.source import notebook_cell
 from donate._xla import hlo as _hlo
 
 _FORWARDING = (
@@ -74,7 +75,8 @@ def _short(where: str | None) -> str | None:
 
 
 def _own_source(module: _hlo.Module, instr: _hlo.Instruction) -> str | None:
-  """`instr`'s source line, or for a fusion without one the first line of its kernel's."""
+  """`instr`'s source line, or for a fusion without one the first line of its kernel's (a
+  notebook cell's file named as IPython names the cell)."""
   found = module.source(instr)
   if found is None and instr.opcode == "fusion":
     for name in instr.calls:
@@ -82,8 +84,10 @@ def _own_source(module: _hlo.Module, instr: _hlo.Instruction) -> str | None:
       for inner in comp.instructions if comp is not None else ():
         found = module.source(inner)
         if found is not None:
-          return found
-  return found
+          break
+      if found is not None:
+        break
+  return notebook_cell(found) if found is not None else None
 
 
 def source_of(module: _hlo.Module, instr: _hlo.Instruction | None) -> str | None:
