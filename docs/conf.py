@@ -142,7 +142,8 @@ html_theme_options = {
     "show_toc_level": 2,
     "navigation_with_keys": False,
 }
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["donate.css"]  # the content column at 1280 px (see the file)
 
 
 _GLUED = re.compile(r"(?<![`\w])(`{1,2})([^`\n]+?)\1(?=\w)")

@@ -2,7 +2,12 @@
 
 `bash scripts/docs.sh` builds docs/_build/html; this file then checks that the API page lists every
 public name (`donate.__all__`, `donate.symm.__all__`, `donate.planner.__all__`,
-`donate.targets.__all__`), each linked to a page that documents it. Without a built site or a
+`donate.targets.__all__`), each linked to a page that documents it, and looks at the pages a
+newcomer opens first (the index, Getting started, the memory doctor's guide) and the doctor's own
+HTML report as a person would (`tests/_browser.py`): the title, the first picture, table or code
+block rendered, no script errors, nothing wider than a 1280 px window or cut inside its box. The
+screenshots are kept for a person to look at, in $DONATE_SCREENSHOTS or the test's temporary
+folder. Without a built site or a
 Chromium these tests skip, saying why; CI (`.ci/run`) builds the site first and sets
 DONATE_DOCS_REQUIRED=1, which turns a missing site or browser into a failure.
 
@@ -15,12 +20,15 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import pytest
 
 import donate
 from donate import planner, symm, targets
+
+import _browser
 
 pytestmark = pytest.mark.slow  # pytest -m "not slow" runs the fast tier
 
@@ -133,3 +141,56 @@ def test_the_link_check_finds_missing_pages_and_anchors(tmp_path):
   broken = _docs_links().broken_links(tmp_path)
   assert broken == ["a.html: _static/logo.png (no file)", "index.html: a.html#nope (no id 'nope')",
                     "index.html: gone.html (no file)"]
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> pathlib.Path:
+  """Where the screenshots go: $DONATE_SCREENSHOTS, or a temporary folder of this test run."""
+  folder = os.environ.get("DONATE_SCREENSHOTS")
+  return pathlib.Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
+
+
+def _reads_well(look: _browser.Look, title: str, first: str) -> None:
+  assert look.screenshot.stat().st_size > 10_000, look.screenshot  # a page, not a blank screen
+  assert title in look.title and look.heading, (look.title, look.heading)
+  assert look.first == first and look.drawn, (look.first, look.drawn)
+  assert all(look.pictures), f"pictures that did not load: {look.pictures}"
+  assert not look.errors, look.errors
+  assert look.width <= _browser.WIDTH, f"the page is {look.width} px wide"
+  assert not look.cut, f"cut at {_browser.WIDTH} px: {look.cut}"
+
+
+@pytest.mark.parametrize(("page", "title", "first"), [
+    ("index.html", "donate", "PRE"),
+    ("getting_started.html", "Getting started", "PRE"),
+    ("memory_profile.html", "Where the memory goes", "PRE"),
+    ("benchmarks.html", "Benchmarks", "PRE"),
+])
+def test_a_newcomer_reads_the_page_at_1280_px(page, title, first, shots):
+  if not _browser.chromium():
+    _missing("no Chromium to open the pages with (apt-get install chromium)")
+  if not (SITE / page).exists():
+    _missing(f"no built site at {SITE.relative_to(REPO)} (bash scripts/docs.sh builds it)")
+  look = _browser.look(SITE / page, shots)
+  _reads_well(look, title, first)
+  if page == "index.html":
+    assert look.pictures, "the index shows the memory doctor's report"
+
+
+def test_the_doctors_report_reads_well_at_1280_px(tmp_path, shots):
+  if not _browser.chromium():
+    _missing("no Chromium to open the pages with (apt-get install chromium)")
+  (tmp_path / "train.py").write_text(
+      "import jax, jax.numpy as jnp\n"
+      "def step(w, x):\n"
+      "  loss = lambda w: jnp.sum(jnp.tanh(x @ w) ** 2)\n"
+      "  return w - 0.1 * jax.grad(loss)(w)\n"
+      "jax.jit(step)(jnp.ones((256, 256)), jnp.ones((64, 256)))\n")
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+  done = subprocess.run([sys.executable, "-m", "donate.profile", "--out", "pages", "train.py"],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  page = next((tmp_path / "pages").glob("*step*.html"))
+  look = _browser.look(page, shots)
+  _reads_well(look, "step", look.first or "none")
+  assert look.first in {"IMG", "TABLE", "PRE", "svg"}, look.first
