@@ -82,8 +82,6 @@ g = donate.jit(step, donate_argnums=(0, 1, 2))
 with warnings.catch_warnings(record=True) as plan_warnings:  # shown in the next cell
     warnings.simplefilter("always")
     plan = g.plan(params, opt_state, batch)
-assert sum(d.action == "aliased" for d in plan.decisions) == 5 and len(plan.unusable) == 2
-assert (plan.requested_bytes, plan.reused_bytes) == (172_164, 32_900)  # 168.1 KiB, 32.1 KiB
 plan
 
 # %% [markdown]
@@ -170,9 +168,6 @@ for name, fn in variants.items():
 jax_text = variants["jax.jit(donate_argnums=(0, 1))"].lower(*make()).compile().as_text()
 print("\njax.jit pairs (first come, first served):", input_output_alias(jax_text))
 print("donate.jit pairs (by dataflow):           ", swap_plan.aliases)
-
-mib = [(round(temp / MiB), round(peak / MiB)) for temp, peak, _ in rows.values()]
-assert mib == [(0, 32), (32, 64), (0, 64)]  # (temporaries, peak) in MiB, as the text says
 
 # %% [markdown]
 # `jax.jit` with both inputs donated needs 32 MiB of temporaries, and its peak (64 MiB) is no better than

@@ -27,6 +27,12 @@ _spec.loader.exec_module(notebook_tool)
 
 # Notebook stem -> a cell run after the notebook's last one, in its kernel: the facts its text states.
 CHECKS = {
+    "01_donation_from_warning_to_plan": """
+assert sum(d.action == "aliased" for d in plan.decisions) == 5 and len(plan.unusable) == 2
+assert (plan.requested_bytes, plan.reused_bytes) == (172_164, 32_900)  # 168.1 KiB, 32.1 KiB
+mib = [(round(temp / MiB), round(peak / MiB)) for temp, peak, _ in rows.values()]
+assert mib == [(0, 32), (32, 64), (0, 64)]  # (temporaries, peak) in MiB, as the text says
+""",
     "05_where_the_memory_goes": """
 stats = step.lower(params, momentum, tokens).compile().memory_analysis()
 assert profile.temp_bytes == stats.temp_size_in_bytes
