@@ -119,10 +119,6 @@ for name, peak in peaks.items():
           f"({peak / peaks['jax.jit' + chr(10) + '(no donation)']:.2f}x of no donation)")
 print(f"{'floor':45s}      {floor / MiB:5.2f} MiB")
 
-plain, jax_donated, ignored, donated, annotated = (peak / MiB for peak in peaks.values())
-assert ignored == plain and jax_donated == donated == annotated  # the claims of the text below
-assert abs(plain - 9.83) < 0.05 and abs(donated - 7.83) < 0.05 and abs(floor / MiB - 6.51) < 0.01
-
 # %%
 fig, ax = plt.subplots(figsize=(9, 4))
 colors = ["#7f7f7f", "#1f77b4", "#bbbbbb", "#2ca02c", "#98df8a"]
@@ -190,8 +186,6 @@ print("loss buffer addresses seen:", len(loss_addresses), "| same as the one all
 print("params['w1'] addresses seen:", len(w1_addresses), "| same as at the start:",
       w1_addresses == {w1_address})
 print(f"loss: step 0 {losses_per_step[0]:.4f}, step {STEPS - 1} {losses_per_step[-1]:.4f}")
-assert loss_addresses == {loss_address} and w1_addresses == {w1_address}
-assert losses_per_step[0] > 0.9 and losses_per_step[-1] < 0.3
 
 # %%
 fig, ax = plt.subplots(figsize=(8, 3.5))

@@ -62,9 +62,6 @@ for a in pool.allocations:
     print(f"  {a.name:5s} offset {a.offset:4d}  {a.nbytes} bytes  live {a.live_range}")
 print(f"collective memory {plan.collective_memory_bytes} bytes, regular {plan.arena.nbytes} bytes, "
       f"total {plan.total_bytes} bytes")
-offsets = pool.offsets
-assert (pool.nbytes, pool.lower_bound_bytes, plan.arena.nbytes) == (192, 192, 256)
-assert [offsets[n] for n in ("buf1", "buf2", "buf3", "buf8")] == [0, 64, 128, 0]
 
 # %% [markdown]
 # The pool is 192 bytes (its lower bound is 192): the three first buffers take its three 64-byte slots
@@ -156,8 +153,6 @@ greedy = planner.assign_offsets(sizes, starts, ends, search=False)
 searched = planner.assign_offsets(sizes, starts, ends, time_limit=10)
 print("greedy:", greedy)
 print("search:", searched)
-if capacity:  # the text below is about instance K
-    assert round(greedy.ratio, 3) == 1.189 and searched.optimal and searched.height == capacity
 
 
 # %%
@@ -227,10 +222,7 @@ for entry in index:
     rows.append((entry["program"], entry["platform"], len(sizes_c), xla_total, ours_total, ours.seconds))
     print(f"{entry['program']:8s} {entry['platform']:5s} {len(sizes_c):4d} buffers  XLA {xla_total / 2**20:9.2f} MiB"
           f"  ours {ours_total / 2**20:9.2f} MiB  ours/XLA {ours_total / xla_total:.4f}  {ours.seconds:.2f} s")
-assert all(ours <= xla for *_, xla, ours, _ in rows)
 best = min(rows, key=lambda r: r[4] / r[3])
-assert len(rows) == 16 and sum(ours < xla for *_, xla, ours, _ in rows) == 9
-assert best[:2] == ("prefill", "h100") and (round(best[3] / 2**20, 1), round(best[4] / 2**20, 1)) == (108, 100)
 
 # %% [markdown]
 # On all 16 programs ours is no larger than XLA's allocation, and it is smaller on 9. Most of them are

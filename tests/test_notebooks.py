@@ -33,6 +33,23 @@ assert (plan.requested_bytes, plan.reused_bytes) == (172_164, 32_900)  # 168.1 K
 mib = [(round(temp / MiB), round(peak / MiB)) for temp, peak, _ in rows.values()]
 assert mib == [(0, 32), (32, 64), (0, 64)]  # (temporaries, peak) in MiB, as the text says
 """,
+    "02_training_loop": """
+plain, jax_donated, ignored, donated, annotated = (peak / MiB for peak in peaks.values())
+assert ignored == plain and jax_donated == donated == annotated  # the claims of the text
+assert abs(plain - 9.83) < 0.05 and abs(donated - 7.83) < 0.05 and abs(floor / MiB - 6.51) < 0.01
+assert loss_addresses == {loss_address} and w1_addresses == {w1_address}
+assert losses_per_step[0] > 0.9 and losses_per_step[-1] < 0.3
+""",
+    "04_planner": """
+assert (pool.nbytes, pool.lower_bound_bytes, plan.arena.nbytes) == (192, 192, 256)
+assert [pool.offsets[n] for n in ("buf1", "buf2", "buf3", "buf8")] == [0, 64, 128, 0]
+if capacity:  # the text is about instance K
+    assert round(greedy.ratio, 3) == 1.189 and searched.optimal and searched.height == capacity
+assert all(ours <= xla for *_, xla, ours, _ in rows)
+assert len(rows) == 16 and sum(ours < xla for *_, xla, ours, _ in rows) == 9
+assert best[:2] == ("prefill", "h100")
+assert (round(best[3] / 2**20, 1), round(best[4] / 2**20, 1)) == (108, 100)
+""",
     "05_where_the_memory_goes": """
 stats = step.lower(params, momentum, tokens).compile().memory_analysis()
 assert profile.temp_bytes == stats.temp_size_in_bytes
