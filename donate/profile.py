@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
   Args:
     argv: `[options] script.py [args...]` or `[options] -m package.module [args...]`.
   """
-  from donate._profile import script
+  from donate._profile import record, script
 
   options = _parse(list(sys.argv[1:] if argv is None else argv))
   if isinstance(options, int):
@@ -63,10 +63,7 @@ def main(argv: list[str] | None = None) -> int:
   folder = tempfile.mkdtemp(prefix="donate-profile-dump-")
   try:
     script.dump_everything(folder)
-    if options.advice:
-      from donate._profile import record
-
-      record.install()
+    record.install()
     status = script.run(path, module, argv_of_script)
     sys.stdout.flush()
     script.report(script.profiles(folder), options)

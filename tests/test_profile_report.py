@@ -163,6 +163,12 @@ def test_nnx_and_equinox_scripts_get_a_verdict(tmp_path, name, where):
   verdict = next(ln for ln in run.stderr.splitlines() if ln.startswith(f"  {where}: peak"))
   assert "fits on B200" in verdict.replace("b200", "B200")
   assert (tmp_path / "pages" / "index.html").exists()
+  assert f"{name}.py:" in verdict  # the user's own line, not the framework's
+  if name == "mnist_nnx":  # nnx.jit's leaves by their graph paths, not model.states[0][5]
+    [page] = (tmp_path / "pages").glob("*_train_step.html")
+    text = page.read_text()
+    assert "model.linear1.kernel" in text and "optimizer.opt_state[0].mu.linear1.kernel" in text
+    assert "model.states[0]" not in text and "optimizer.states[0]" not in text
 
 
 @pytest.mark.slow

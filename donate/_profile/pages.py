@@ -155,7 +155,7 @@ def _remedies(items) -> str:
       "or in Python <code>donate.memory_profile(jax.jit(f), *args).advice()</code>.</p>"
     )
   rows = "".join(
-    f"<tr><td>{esc(a.change)}</td><td class='n'>"
+    f"<tr><td>{esc(report.change(a))}</td><td class='n'>"
     f"{esc(format_bytes(a.saving_bytes)) if a.peak_bytes is not None else 'stated'}</td>"
     f"<td><code>{esc(a.how)}</code></td></tr>"
     for a in items
@@ -193,7 +193,13 @@ def program(p, device=None, advice=None, fit=None) -> str:
     f"<h2>Where the bytes at the peak come from</h2>{_groups_table(p)}"
     f"<h2>Timeline</h2>{timeline(p)}"
     f"<h2>Measured remedies</h2>{_remedies(advice)}"
-    + (f"<h2>Could donate</h2><ul>{could}</ul>" if could else "")
+    + (
+      f"<h2>Could donate</h2><details><summary>{len(p.could_donate)} inputs an output of their "
+      "shape could reuse, leaf by leaf (what donating them saves is one measured total, under "
+      f"Measured remedies)</summary><ul>{could}</ul></details>"
+      if could
+      else ""
+    )
     + f"<h2>Copies XLA added</h2>{_copies(p)}"
     + (
       f"<details><summary>XLA's packing of the temporaries</summary>{packing(p)}</details>"

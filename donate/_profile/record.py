@@ -13,9 +13,10 @@ Without `--advice` nothing is installed.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 _MOST = 4  # calls noted per jitted function
-_noted: list[tuple[object, tuple, dict]] = []  # (jitted, abstract args, abstract kwargs)
+_noted: list[tuple[Any, tuple, dict]] = []  # (jitted, abstract args, abstract kwargs)
 
 
 class _Traced(Exception):
@@ -89,5 +90,63 @@ def profile_like(p):
     except Exception:  # noqa: BLE001 - a call the script made that no longer traces alone
       continue
     if found.peak_bytes == p.peak_bytes:
-      return found
+      return rename(found, names())
   return None
+
+
+def _graph_names(name: str, value) -> dict[str, str]:
+  """For a flax nnx graph node's flat state (`nnx.jit` passes each one as a `NodeStates`: its
+  graph definition and a flat list of leaves, which JAX names `model.states[0][5]`), its leaves
+  by their graph paths (`model.conv1.kernel`, `optimizer.opt_state[0].mu.conv1.kernel`)."""
+  import sys
+
+  graphlib = sys.modules.get("flax.nnx.graphlib")
+  states = getattr(value, "states", None)
+  if graphlib is None or type(value).__name__ != "NodeStates" or not states or len(states) != 1:
+    return {}
+  try:
+    node = graphlib.unflatten(value.graphdef, states[0])
+    paths = list(graphlib.flatten(node)[1].paths)
+  except Exception:  # noqa: BLE001 - another flax: JAX's positional names stay
+    return {}
+  if len(paths) != len(states[0]):
+    return {}
+  return {
+    f"{name}.states[0][{k}]": name
+    + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
+    for k, path in enumerate(paths)
+  }
+
+
+def names() -> dict[str, str]:
+  """The user's names of the leaves JAX names by position, from the noted calls: flax nnx graph
+  paths under `nnx.jit` (`_graph_names`)."""
+  import inspect
+
+  found: dict[str, str] = {}
+  for jitted, args, kwargs in _noted:
+    try:
+      bound = inspect.signature(jitted).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+      continue
+    for name, value in bound.items():
+      found.update(_graph_names(name, value))
+  return found
+
+
+def rename(p, names: dict[str, str]):
+  """`p` with the paths of its arguments, suggestions and donations in the user's `names`."""
+  import dataclasses
+
+  if not names:
+    return p
+
+  def fix(items):
+    return tuple(
+      dataclasses.replace(x, path=names[x.path]) if getattr(x, "path", None) in names else x
+      for x in items
+    )
+
+  return dataclasses.replace(
+    p, at_peak=fix(p.at_peak), could_donate=fix(p.could_donate), shadowed=fix(p.shadowed)
+  )

@@ -215,9 +215,11 @@ def _fit(found: list, shown: list, device) -> dict:
 def report(found: list, options) -> str:
   """Prints the summary (and the comparison with `--compare`) to stderr and writes the pages;
   the index page's path."""
-  from donate._profile import pages
+  from donate._profile import pages, record
   from donate._profile import report as _report
 
+  names = record.names()
+  found = [record.rename(p, names) for p in found]
   device = _device(options.device)
   shown, _ = _report.ranked(found, options.top, options.min_share)
   advice = _advice(found, shown) if options.advice else None
