@@ -91,8 +91,10 @@ def groups(p) -> list[Group]:
   found: dict[tuple[str, str], list] = {}
   for e in p.at_peak:
     if e.nbytes:
+      # a line's values by scope; leaves by path, folded only with leaves of their size
       key = f"{e.source} {layer_scope(e.scope or '')}" if e.source else e.path or e.value
-      found.setdefault((e.category, _DIGITS.sub("#", key)), []).append(e)
+      key = _DIGITS.sub("#", key) + ("" if e.source else f" {e.nbytes}")
+      found.setdefault((e.category, key), []).append(e)
   out = []
   for (cat, _), es in found.items():
     if es[0].source:
