@@ -169,6 +169,11 @@ def test_nnx_and_equinox_scripts_get_a_verdict(tmp_path, name, where):
     text = page.read_text()
     assert "model.linear1.kernel" in text and "optimizer.opt_state[0].mu.linear1.kernel" in text
     assert "model.states[0]" not in text and "optimizer.states[0]" not in text
+  if name == "mlp_equinox":  # eqx.filter_jit's leaves by parameter and field, not dynamic_...
+    [page] = (tmp_path / "pages").glob("*_train_step.html")
+    text = page.read_text().split("<details><summary>The full text")[0]
+    assert "model.hidden.weight" in text and "opt_state[0].mu.hidden.weight" in text
+    assert "dynamic_nodonate[" not in text
 
 
 @pytest.mark.slow

@@ -118,9 +118,50 @@ def _graph_names(name: str, value) -> dict[str, str]:
   }
 
 
+def _equinox_names(bound: dict) -> dict[str, str]:
+  """Under `eqx.filter_jit` JAX names leaves `dynamic_nodonate['first'][0]`: the first argument's
+  array leaves and the rest's, flattened, their tree kept static. Their names as the user's
+  function's parameters and fields (`model.hidden.weight`, `opt_state[0].mu.head.bias`)."""
+  import inspect
+
+  from jax import tree_util
+
+  static: Any = bound.get("static")
+  if set(bound) != {"dynamic_donate", "dynamic_nodonate", "static"} or len(static or ()) != 3:
+    return {}
+  (fun_leaves, _), first, rest = static
+  fun = next((f for f in fun_leaves if callable(f)), None)
+  try:
+    params = list(inspect.signature(fun).parameters) if fun is not None else []
+  except (TypeError, ValueError):
+    params = []
+
+  def paths(treedef) -> list[str]:
+    tree = tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
+    return [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(tree)[0]]
+
+  def rest_name(path: str) -> str:
+    head, _, tail = path[1:].partition("]")  # "[0][1].mu" -> rest args; "[1]['lr']" -> kwargs
+    if head == "0" and tail.startswith("["):
+      k, _, more = tail[1:].partition("]")
+      name = params[int(k) + 1] if int(k) + 1 < len(params) else f"args[{int(k) + 1}]"
+      return name + more
+    return tail.lstrip("[").replace("']", "", 1).strip("'") if head == "1" else path
+
+  first_name = params[0] if params else "args[0]"
+  found = {}
+  for where in ("dynamic_donate", "dynamic_nodonate"):
+    for k, path in enumerate(paths(first[1])):
+      found[f"{where}['first'][{k}]"] = first_name + path
+    for k, path in enumerate(paths(rest[1])):
+      found[f"{where}['rest'][{k}]"] = rest_name(path)
+  return found
+
+
 def names() -> dict[str, str]:
   """The user's names of the leaves JAX names by position, from the noted calls: flax nnx graph
-  paths under `nnx.jit` (`_graph_names`)."""
+  paths under `nnx.jit` (`_graph_names`), equinox fields under `eqx.filter_jit`
+  (`_equinox_names`)."""
   import inspect
 
   found: dict[str, str] = {}
@@ -131,6 +172,10 @@ def names() -> dict[str, str]:
       continue
     for name, value in bound.items():
       found.update(_graph_names(name, value))
+    try:
+      found.update(_equinox_names(bound))
+    except Exception:  # noqa: BLE001 - another equinox: JAX's positional names stay
+      pass
   return found
 
 
