@@ -178,6 +178,11 @@ def _advice(found: list, shown: list) -> dict:
 
   out, unmeasured = {}, []
   position = {id(p): k for k, p in enumerate(found)}
+  print(
+    f"donate.profile: --advice: measuring the remedies of {len(shown)} programs: per program, one "
+    "compile to profile its call again, then one per remedy",
+    file=sys.stderr,
+  )
   for p in shown:
     like = record.profile_like(p)
     if like is None:
