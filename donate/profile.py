@@ -1,10 +1,14 @@
-"""`python -m donate.profile [--out DIR] script.py [args...]` (or `-m package.module`): the memory
-profile of every program a script compiles, without editing the script.
+"""`python -m donate.profile [options] script.py [args...]` (or `-m package.module`): the memory
+report of every program a script compiles, without editing the script.
 
 The script runs unchanged (its output, traceback and exit status are its own); XLA dumps the
-buffer assignment of every program it compiles, and when the script ends a summary table
-(program, peak, fits H100 / B200, top categories at the peak) goes to stderr and one HTML page
-per program into `DIR` (default `donate-profile`). See `docs/memory_profile.md`.
+buffer assignment of every program it compiles, and when the script ends a summary with a
+verdict per program (largest peak first, trivial programs folded) goes to stderr, and
+`index.html`, one page and one JSON per program into `--out` (default `donate-profile`).
+`--device h100` says whether each fits, `--advice` measures the remedies (one compile each),
+`--fit DEVICE` what to change for the largest program to fit, `--compare DIR` what grew against
+an earlier run's folder. `python -m donate.profile --help` lists them. See
+`docs/memory_profile.md`.
 
 >>> from donate import profile
 >>> profile.main([])  # no script: the usage, status 2
@@ -18,30 +22,66 @@ import sys
 import tempfile
 
 
-def main(argv: list[str] | None = None) -> int:
-  """Runs the command line `argv` (default `sys.argv[1:]`); returns the script's exit status.
-
-  Args:
-    argv: `[--out DIR] script.py [args...]` or `[--out DIR] -m package.module [args...]`.
-  """
+def _parse(argv: list[str]):
+  """The parsed options, or the exit status argparse gave (`--help`: 0, a bad option: 2)."""
   from donate._profile import script
 
-  out, path, module, script_argv = script.parse(list(sys.argv[1:] if argv is None else argv))
-  if path is None and module is None:
-    print(script.usage(), file=sys.stderr)
+  try:
+    options = script.parser().parse_args(argv)
+  except SystemExit as e:
+    return e.code if isinstance(e.code, int) else 2
+  if options.module is not None and not options.module:
+    print("donate.profile: -m needs a module name", file=sys.stderr)
     return 2
+  return options
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Runs the command line `argv` (default `sys.argv[1:]`); returns the script's exit status
+  (2 with one line on stderr, and nothing written, when the script or module is missing).
+
+  Args:
+    argv: `[options] script.py [args...]` or `[options] -m package.module [args...]`.
+  """
+  from donate._profile import record, script
+
+  options = _parse(list(sys.argv[1:] if argv is None else argv))
+  if isinstance(options, int):
+    return options
+  module = options.module[0] if options.module else None
+  path = None if module is not None else options.script
+  if path is None and module is None:
+    print(script.parser().format_usage().rstrip(), file=sys.stderr)
+    return 2
+  if options.device is not None and _bad_device(options.device):
+    return 2
+  missing = script.missing(path, module)
+  if missing is not None:
+    print(missing, file=sys.stderr)
+    return 2
+  argv_of_script = list(options.module) if module is not None else [path, *options.args]
   folder = tempfile.mkdtemp(prefix="donate-profile-dump-")
   try:
     script.dump_everything(folder)
-    status = script.run(path, module, script_argv)
+    record.install()
+    status = script.run(path, module, argv_of_script)
     sys.stdout.flush()
-    found = script.profiles(folder)
-    print(script.summary(found, cached=script.cached()), file=sys.stderr)
-    pages = script.write_pages(found, out or "donate-profile")
-    print(f"donate.profile: {len(pages)} pages in {out or 'donate-profile'}/", file=sys.stderr)
+    script.report(script.profiles(folder), options)
   finally:
     shutil.rmtree(folder, ignore_errors=True)
   return status
+
+
+def _bad_device(device: str) -> bool:
+  from donate._base.errors import DonationError
+  from donate._profile import model
+
+  try:
+    model.capacity_of(int(device) if device.isdigit() else device)
+  except (ValueError, DonationError):
+    print(f"donate.profile: --device {device!r}: give h100, b200 or a byte count", file=sys.stderr)
+    return True
+  return False
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 import donate
 from donate import _examples as examples
 from donate import _profile, targets
+from donate._profile import views
 from donate._profile.categories import CATEGORIES
 from donate._profile.flow import Flow
 from donate._xla import hlo as _hlo
@@ -301,7 +302,7 @@ def test_the_cli_keeps_the_script_s_output_and_status(tmp_path):
   ok = run("--out", "pages", "train.py", "a", "b")
   assert ok.returncode == 3, ok.stderr[-3000:]
   assert ok.stdout.strip() == "script output ['a', 'b']"
-  assert "program" in ok.stderr and "step" in ok.stderr and "parameters" in ok.stderr
+  assert "compiled programs" in ok.stderr and "  step: peak " in ok.stderr, ok.stderr[-3000:]
   pages = os.listdir(tmp_path / "pages")
   assert any(p.endswith("_step.html") for p in pages)
   page = next(p for p in pages if p.endswith("_step.html"))
@@ -758,21 +759,18 @@ def test_advice_of_a_donate_jit_function_offers_what_it_could_donate_measured():
     assert "mu['wi']" in donation.change
 
 
-def test_the_cli_summary_cuts_no_category_in_two():
-  """A row of the summary lists the largest categories that fit whole in its width."""
-  from donate._profile import script
+def test_the_cli_summary_names_the_top_category_and_its_share():
+  """A program's line in the summary: its peak, its largest category's share and its group."""
+  from donate._profile import report
 
   p = donate.memory_profile(jax.jit(momentum_step, donate_argnums=(0, 1)),
                             {"wi": jnp.ones((256, 1024)), "wo": jnp.ones((1024, 256))},
                             {"wi": jnp.ones((256, 1024)), "wo": jnp.ones((1024, 256))},
                             jnp.ones((256, 256)))
-  names = [g.key for g in p.by_category()]
-  assert len(names) >= 3
-  for width in (80, 90, 100, 120):
-    row = script.summary([p], width=width).splitlines()[-1]
-    assert len(row) <= width
-    shown = [part.rsplit(" ", 2)[0] for part in row[52:].split(", ")]
-    assert shown == names[:len(shown)] and shown, (width, row)
+  top = p.by_category()[0]
+  row = report.summary([p]).splitlines()[-1]
+  share = round(100 * top.total_bytes / p.peak_bytes)
+  assert row.startswith(f"  momentum_step: peak {views.size(p.peak_bytes)}, {share}% {top.key}")
 
 
 def test_advice_says_when_a_change_raises_the_peak():

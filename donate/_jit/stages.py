@@ -212,11 +212,20 @@ class Compiled(_Stage):
     super().__init__(program.prep, program.compiled, jax_native)
     self._program, self._plan = program, program.plan
     self._call, self._compiler_options = call, compiler_options
+    self._profiled: Program | None = None  # with its memory profile, made once when first asked
 
   @property
   def plan(self):
-    """The plan with the aliases the compiled program really has and its memory figures."""
-    return self._plan
+    """The plan with the aliases the compiled program really has and its memory figures; as
+    `donate.jit(f).plan(*args)` gives it, with the memory profile when an aliased leaf has at
+    least `copy_threshold` bytes (compiled once, the first time `plan` or `memory_profile()` is
+    asked, so both give the same words and figures in either order)."""
+    return self._with_profile().plan
+
+  def _with_profile(self) -> Program:
+    if self._profiled is None:
+      self._profiled = self._program.with_profile(self._call, self._compiler_options)
+    return self._profiled
 
   def as_text(self):
     return self._jax.as_text()
@@ -261,7 +270,10 @@ class Compiled(_Stage):
     >>> p.alias_bytes == compiled.memory_analysis().alias_size_in_bytes == 4096
     True
     """
-    return _profile.profile_of_source(self.__donate_program__())
+    profiled = self._with_profile().plan.profile
+    return (
+      profiled if profiled is not None else _profile.profile_of_source(self.__donate_program__())
+    )
 
   def __donate_program__(self) -> _profile.Source:
     return _compiled.source_of(

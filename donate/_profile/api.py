@@ -58,9 +58,10 @@ def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
     `Lowered` alone says why not (`saving_not_measured`).
 
   Raises:
-    DonationError: `jitted` cannot be lowered, or is a `jax.stages.Compiled` without a buffer
-      assignment (an H100 program compiled ahead of time: pass the function and its arguments, or
-      its `Lowered`). A function that does not trace or compile raises JAX's error.
+    DonationError: `jitted` cannot be lowered (an array, a plain function), or is a
+      `jax.stages.Compiled` without a buffer assignment (an H100 program compiled ahead of time:
+      pass the function and its arguments, or its `Lowered`). A function that does not trace or
+      compile raises JAX's error.
 
   >>> import jax, jax.numpy as jnp, donate
   >>> def f(x):
@@ -80,6 +81,8 @@ def memory_profile(jitted, *args, **kwargs) -> MemoryProfile:
   a jax.stages.Compiled keeps no traced program to compile again without its donations (profile \
 the function with its arguments)
   """
+  if isinstance(jitted, jax.Array | jax.ShapeDtypeStruct):  # its `trace` is the matrix trace
+    errors.an_array(jitted)
   if isinstance(jitted, DonateProgram):  # a donate.jit stage names its own program
     return profile_of_source(jitted.__donate_program__())
   if isinstance(jitted, jax.stages.Compiled):

@@ -53,3 +53,15 @@ def no_program_for_advice():
       fix="donate.memory_profile(f, *args).advice()",
     )
   )
+
+
+def an_array(obj):
+  """`memory_profile(x)` with an array where the function goes."""
+  raise DonationError(
+    message(
+      "memory_profile needs a compiled step first, then its arguments",
+      expected="a jax.jit or donate.jit function (with its arguments), a Lowered or a Compiled",
+      got=f"an array {obj.dtype}{list(obj.shape)}",
+      fix="pass the function, then the arrays: donate.memory_profile(jax.jit(step), x)",
+    )
+  )

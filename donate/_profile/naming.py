@@ -216,3 +216,17 @@ def value_names(module: _hlo.Module, name: str) -> set[str]:
     elif instr.opcode in ("bitcast", "copy", "reshape"):
       todo.append((instr.operands[0], depth + 1))
   return found
+
+
+def middle(text: str, width: int) -> str:
+  """`text` cut in the middle to `width` characters: its head and its leaf stay."""
+  if len(text) <= width:
+    return text
+  head = max((width - 1) // 2, 1)
+  return text[:head] + "…" + text[len(text) - max(width - 1 - head, 1) :]
+
+
+def layer_scope(scope: str) -> str:
+  """A name stack without its transformations (`jit(f)`, `jvp(GPT)`) and its primitive."""
+  parts = [s for s in scope.split("/") if "(" not in s]
+  return "/".join(parts[:-1] if len(parts) > 1 else parts)

@@ -12,45 +12,86 @@ program into `--out`.
 
 from __future__ import annotations
 
+import argparse
 import glob
-import html
+import importlib.util
 import os
-import re
 import runpy
 import sys
 import traceback
 
-from donate._base.text import format_bytes
-
 _SUFFIX = "after_optimizations-buffer-assignment.txt"
 
 
-def usage() -> str:
-  return (
-    "usage: python -m donate.profile [--out DIR] script.py [args...]\n"
-    "       python -m donate.profile [--out DIR] -m package.module [args...]"
-  )
+DEVICES = "h100, b200 or a byte count"
 
 
-def parse(argv: list[str]) -> tuple[str | None, str | None, str | None, list[str]]:
-  """(out, script, module, script's argv) from the command line; (None, None, None, []) when it
-  names no script.
+def parser() -> argparse.ArgumentParser:
+  """The command line of `python -m donate.profile`.
 
-  >>> parse(["--out", "d", "train.py", "--steps", "3"])
-  ('d', 'train.py', None, ['train.py', '--steps', '3'])
-  >>> parse(["-m", "pkg.train", "-x"])
-  (None, None, 'pkg.train', ['pkg.train', '-x'])
+  >>> a = parser().parse_args(["--device", "h100", "--top", "3", "train.py", "--steps", "3"])
+  >>> a.script, a.args, a.device, a.top, a.module
+  ('train.py', ['--steps', '3'], 'h100', 3, None)
+  >>> parser().parse_args(["-m", "pkg.train", "-x"]).module
+  ['pkg.train', '-x']
   """
-  out, k = None, 0
-  while k < len(argv) and argv[k] in ("--out", "-o"):
-    out, k = (argv[k + 1] if k + 1 < len(argv) else None), k + 2
-  if k < len(argv) and argv[k].startswith("--out="):
-    out, k = argv[k].split("=", 1)[1], k + 1
-  if k >= len(argv):
-    return None, None, None, []
-  if argv[k] == "-m" and k + 1 < len(argv):
-    return out, None, argv[k + 1], argv[k + 1 :]
-  return out, argv[k], None, argv[k:]
+  p = argparse.ArgumentParser(
+    prog="python -m donate.profile",
+    usage="python -m donate.profile [options] (script.py | -m package.module) [args ...]",
+    description="Runs a script unchanged and reports the memory of every program it compiles: "
+    "a summary with a verdict on stderr, an index page and one page per program in --out.",
+  )
+  p.add_argument(
+    "--out",
+    metavar="DIR",
+    default="donate-profile",
+    help="where the pages and their JSON go (default: donate-profile)",
+  )
+  p.add_argument("--device", metavar="DEVICE", help=f"say whether each program fits: {DEVICES}")
+  p.add_argument(
+    "--advice",
+    action="store_true",
+    help="measure what would lower each shown "
+    "program's peak: one compile per remedy (the count is printed first)",
+  )
+  p.add_argument(
+    "--fit",
+    metavar="DEVICE",
+    help=f"what to change for the top program to fit {DEVICES} (profile.fit)",
+  )
+  p.add_argument("--compare", metavar="DIR", help="what grew against an earlier run's --out")
+  p.add_argument("--top", metavar="N", type=int, default=10, help="programs shown (default 10)")
+  p.add_argument(
+    "--min-share",
+    metavar="FRACTION",
+    type=float,
+    default=0.01,
+    help="programs whose peak is under this share of the largest are folded (default 0.01)",
+  )
+  p.add_argument(
+    "-m",
+    dest="module",
+    nargs=argparse.REMAINDER,
+    metavar="package.module ...",
+    help="run a module as python -m does",
+  )
+  p.add_argument("script", nargs="?", help="the script to run, as python runs it")
+  p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+  return p
+
+
+def missing(script: str | None, module: str | None) -> str | None:
+  """The one line that says the script or module to run is not there, else None (looks, imports
+  nothing but a dotted module's parent packages)."""
+  if module is not None:
+    try:
+      found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+      found = None
+    return None if found is not None else f"donate.profile: no module named {module!r}"
+  if script is not None and not os.path.isfile(script):
+    return f"donate.profile: no script {script!r} (from {os.getcwd()})"
+  return None
 
 
 _CACHE_HITS = "/jax/compilation_cache/cache_hits"
@@ -130,57 +171,83 @@ def profiles(folder: str) -> list:
   return found
 
 
-def summary(found: list, width: int = 100, cached: int = 0) -> str:
-  """The table: program, peak, fits H100 / B200, the top categories at the peak; `cached`
-  programs read from JAX's persistent compilation cache are counted, not profiled.
+def _advice(found: list, shown: list) -> dict:
+  """Measured advice per program shown (by position in `found`), from the call `record` noted;
+  what was measured and what was not goes to stderr first."""
+  from donate._profile import record
 
-  >>> print(summary([], cached=2))
-  donate.profile: 0 compiled programs
-  2 programs read from JAX's persistent compilation cache: not compiled, not profiled
-  program                            peak  H100 B200  top categories at the peak
-  ------------------------------------------------------------------------------
-  """
-  head = f"{'program':<28} {'peak':>10}  {'H100':<4} {'B200':<4}  top categories at the peak"
-  lines = [f"donate.profile: {len(found)} compiled programs"]
-  if cached:
-    lines.append(
-      f"{cached} program{'s' if cached > 1 else ''} read from JAX's persistent compilation cache: "
-      "not compiled, not profiled"
+  out, unmeasured = {}, []
+  position = {id(p): k for k, p in enumerate(found)}
+  print(
+    f"donate.profile: --advice: measuring the remedies of {len(shown)} programs: per program, one "
+    "compile to profile its call again, then one per remedy",
+    file=sys.stderr,
+  )
+  for p in shown:
+    like = record.profile_like(p)
+    if like is None:
+      unmeasured.append(p.function)
+      continue
+    out[position[id(p)]] = like.advice()
+    compiles = sum(1 for a in out[position[id(p)]] if a.peak_bytes is not None)
+    print(
+      f"donate.profile: {p.function}: {compiles + 1} compiles measured its remedies",
+      file=sys.stderr,
     )
-  lines += [head, "-" * len(head)]
-  for p in sorted(found, key=lambda p: -p.peak_bytes)[:30]:
-    fits = ["yes" if p.fits(d) else "no" for d in ("h100", "b200")]
-    name = p.function if len(p.function) <= 28 else p.function[:27] + "…"
-    row = f"{name:<28} {format_bytes(p.peak_bytes):>10}  {fits[0]:<4} {fits[1]:<4}  "
-    lines.append((row + _top(p, width - len(row)))[:width])
-  if len(found) > 30:
-    lines.append(f"({len(found) - 30} smaller programs)")
-  return "\n".join(lines)
+  if unmeasured:
+    print(
+      f"donate.profile: remedies not measured for {', '.join(dict.fromkeys(unmeasured))}: "
+      "no jitted call of the script made them (an operation run eagerly, or a call that does "
+      "not trace again alone)",
+      file=sys.stderr,
+    )
+  return out
 
 
-def _top(profile, room: int) -> str:
-  """The largest categories at the peak (up to three) that fit whole in `room` characters (the
-  first always)."""
-  top = ""
-  for g in profile.by_category()[:3]:
-    part = f"{g.key} {format_bytes(g.total_bytes)}"
-    if top and len(top) + 2 + len(part) > room:
-      break
-    top = f"{top}, {part}" if top else part
-  return top
+def _fit(found: list, shown: list, device) -> dict:
+  """`profile.fit(device)` of the largest program (from the noted call where there is one)."""
+  from donate._profile import record
+
+  if not shown:
+    return {}
+  p = shown[0]
+  like = record.profile_like(p) or p
+  fit = like.fit(device)
+  print(f"donate.profile: {p.function}: {fit}", file=sys.stderr)
+  return {found.index(p): fit}
 
 
-def write_pages(found: list, out: str) -> list[str]:
-  """One HTML page per program in `out` (`NN_name.html`); their paths."""
-  os.makedirs(out, exist_ok=True)
-  paths = []
-  for k, p in enumerate(found):
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", p.function)[:80]
-    path = os.path.join(out, f"{k:03d}_{name}.html")
-    with open(path, "w", encoding="utf-8") as fh:
-      fh.write(
-        f"<!doctype html><meta charset='utf-8'><title>{html.escape(p.function)}</title>"
-        f"{p._repr_html_()}<pre>{html.escape(str(p))}</pre>"
+def report(found: list, options) -> str:
+  """Prints the summary (and the comparison with `--compare`) to stderr and writes the pages;
+  the index page's path."""
+  from donate._profile import pages, record
+  from donate._profile import report as _report
+
+  names = record.names()
+  found = [record.rename(p, names) for p in found]
+  device = _device(options.device)
+  shown, _ = _report.ranked(found, options.top, options.min_share)
+  advice = _advice(found, shown) if options.advice else None
+  fits = _fit(found, shown, _device(options.fit)) if options.fit else None
+  print(
+    _report.summary(found, device, advice, options.top, options.min_share, cached=cached()),
+    file=sys.stderr,
+  )
+  compared = ""
+  if options.compare:
+    if os.path.isdir(options.compare):
+      compared = _report.compare(
+        [_report.record(p) for p in found], _report.load(options.compare), options.top
       )
-    paths.append(path)
-  return paths
+    else:
+      compared = f"donate.profile: --compare {options.compare!r}: no such folder"
+    print(compared, file=sys.stderr)
+  index = pages.write(
+    found, options.out, device, advice, fits, options.top, options.min_share, compared
+  )
+  print(f"donate.profile: {index} ({len(found)} program pages beside it)", file=sys.stderr)
+  return index
+
+
+def _device(device: str | None):
+  return int(device) if device is not None and device.isdigit() else device

@@ -15,8 +15,10 @@ True
 from __future__ import annotations
 
 import html as _html
+import json
 
 from donate._base.text import format_bytes
+from donate._profile.naming import layer_scope, middle
 
 COLOURS = {
   "parameters": "#4e79a7",
@@ -103,3 +105,93 @@ def packing(p, width: int = 960, height: int = 240, most: int = 400) -> str:
     f"<line x1='{x:.1f}' x2='{x:.1f}' y1='0' y2='{height}' stroke='#000' "
     "stroke-dasharray='4 3'/></svg></div>"
   )
+
+
+def _split(items: list, length: float, least: float = 3.0) -> list:
+  """`items` ((bytes, payload), largest first) with those under `least` px of `length` merged
+  into one last item (`payload` None): the smallest blocks fold, never the largest."""
+  total = sum(b for b, _ in items) or 1
+  keep = [(b, x) for b, x in items if length * b / total >= least]
+  rest = [(b, x) for b, x in items if length * b / total < least]
+  if rest:
+    keep.append((sum(b for b, _ in rest), None))
+  return keep
+
+
+def _group_key(e) -> str:
+  if e.scope:
+    return layer_scope(e.scope) or e.scope
+  path = e.path or e.value
+  cut = max(path.rfind("["), path.rfind("."))
+  return path[:cut] if cut > 0 else path
+
+
+def interactive(p, width: int = 1152, height: int = 420) -> tuple[str, str]:
+  """The peak as an SVG treemap, category -> layer or scope -> buffer (its path or line), and
+  the script that shows a block's path, line, scope and bytes on hover: (html, script).
+
+  Categories are columns (width by bytes), their scopes rows, a scope's buffers side by side;
+  blocks under 3 px fold into one "small buffers" block, the last and smallest of their row."""
+  esc = _html.escape
+  by_cat: dict[str, dict[str, list]] = {}
+  for e in p.at_peak:
+    if e.nbytes:
+      by_cat.setdefault(e.category, {}).setdefault(_group_key(e), []).append(e)
+  cats = sorted(
+    ((sum(x.nbytes for g in gs.values() for x in g), c) for c, gs in by_cat.items()), reverse=True
+  )
+  rects: list[str] = []
+  info: list[list] = []
+  x = 0.0
+  total = sum(b for b, _ in cats) or 1
+  for cbytes, cat in _split([(b, c) for b, c in cats], width):
+    w = width * cbytes / total
+    colour = COLOURS.get(cat, "#888")
+    groups = (
+      sorted(
+        ((sum(e.nbytes for e in es), k) for k, es in by_cat.get(cat, {}).items()), reverse=True
+      )
+      if cat is not None
+      else []
+    )
+    y = 0.0
+    for gbytes, key in _split(groups, height) or [(cbytes, None)]:
+      h = height * gbytes / (cbytes or 1)
+      entries = sorted(by_cat[cat][key], key=lambda e: -e.nbytes) if key is not None else []
+      bx = x
+      for ebytes, e in _split([(e.nbytes, e) for e in entries], w) or [(gbytes, None)]:
+        bw = w * ebytes / (gbytes or 1)
+        k = len(info)
+        if e is None:
+          label = f"{cat or 'other'}: small buffers"
+          info.append([label, "", key or "", format_bytes(ebytes)])
+        else:
+          label = e.path or e.source or e.value
+          info.append([label, e.source or "", e.scope or "", format_bytes(e.nbytes), cat])
+        rects.append(
+          f"<rect x='{bx:.1f}' y='{y:.1f}' width='{max(bw, 0.5):.1f}' height='{max(h, 0.5):.1f}' "
+          f"fill='{colour}' stroke='#fff' stroke-width='1' data-k='{k}'/>"
+        )
+        if bw > 60 and h > 14:
+          text = middle(label, int(bw / 6.5))
+          rects.append(f"<text x='{bx + 3:.1f}' y='{y + 12:.1f}'>{esc(text)}</text>")
+        bx += bw
+      y += h
+    x += w
+  svg = (
+    f"<svg id='treemap' width='{width}' height='{height}' role='img' "
+    f"style='background:#fff;display:block'>{''.join(rects)}</svg><div id='tip'></div>"
+  )
+  script = (
+    f"const INFO={json.dumps(info)};"
+    "const tip=document.getElementById('tip');"
+    "function show(ev){const k=ev.target.getAttribute('data-k');if(k===null){tip.style.display="
+    "'none';return;}const [n,l,s,b,c]=INFO[+k];tip.textContent='';"
+    "for(const t of [n,c?('category: '+c):'',l?('line: '+l):'',s?('scope: '+s):'','bytes: '+b])"
+    "{if(t){const d=document.createElement('div');d.textContent=t;tip.appendChild(d);}}"
+    "tip.style.display='block';tip.style.left=Math.min(ev.clientX+12,innerWidth-540)+'px';"
+    "tip.style.top=(ev.clientY+12)+'px';}"
+    "const tm=document.getElementById('treemap');tm.addEventListener('mousemove',show);"
+    "tm.addEventListener('mouseleave',()=>{tip.style.display='none';});"
+  )
+  return svg, script

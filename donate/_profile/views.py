@@ -5,6 +5,7 @@ from __future__ import annotations
 import html as _html
 
 from donate._base.text import format_bytes
+from donate._profile.naming import middle
 from donate._profile.treemap import packing, treemap
 
 WIDTH = 100
@@ -16,8 +17,8 @@ def size(n: int) -> str:
 
 
 def _clip(text: str | None, width: int) -> str:
-  text = text or "-"
-  return text if len(text) <= width else "…" + text[-(width - 1) :]
+  """`text` cut in the middle to `width` characters: its head (the layer) and its leaf stay."""
+  return middle(text or "-", width)
 
 
 NOT_YET = "not measured yet: profile.measure()"
@@ -32,11 +33,22 @@ def saving(p) -> str:
     return f"donation saved: {NOT_YET}"
   saved = p.donation_saved_bytes
   if saved is None:
-    return f"donation saved: not measured: {p.saving_not_measured}"
+    return f"donation saved: not measured: {p.saving_not_measured}{_how_to_measure(p)}"
   without = f"({size(p.peak_without_donation_bytes)} without it)"
   if saved < 0:
     return f"donation cost {size(-saved)} at the peak {without}"
   return f"donation saved {size(saved)} at the peak {without}"
+
+
+def _how_to_measure(p) -> str:
+  """For a profile without a baseline (the command line's, read from XLA's dump): the one call
+  that measures the saving."""
+  if p.saving is not None:
+    return ""
+  return (
+    "; measure it in one call: donate.memory_profile(jax.jit(f, donate_argnums=...), *args)"
+    ".donation_saved_bytes"
+  )
 
 
 def _saving_explained(p) -> str | None:
@@ -46,7 +58,10 @@ def _saving_explained(p) -> str | None:
     return f"What the donations saved at the peak: {NOT_YET}."
   saved = p.donation_saved_bytes
   if saved is None:
-    return f"What the donations saved at the peak is not measured: {p.saving_not_measured}."
+    return (
+      f"What the donations saved at the peak is not measured: {p.saving_not_measured}"
+      f"{_how_to_measure(p)}."
+    )
   reuse = ": XLA reuses buffers without the donations too" if saved < p.alias_bytes else ""
   return (
     f"Compiled again without its donations (the same jaxpr, shardings and compiler "

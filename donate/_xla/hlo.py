@@ -38,6 +38,8 @@ import json
 import math
 import re
 
+from donate._xla import frames as _frames
+
 HOST_MEMORY_SPACE = 5
 """XLA's host memory space (`S(5)`, memory kind `pinned_host`): never collective memory."""
 
@@ -438,9 +440,7 @@ def _tables(lines: list[str]) -> tuple[dict[int, str], dict[int, int]]:
     where = f"{files.get(int(f.get('file_name_id', 0)), '?').strip(chr(34))}:{f.get('line', '?')}"
     func = funcs.get(int(f.get("function_name_id", 0)))
     locations[k] = where + (f" ({func.strip(chr(34))})" if func else "")
-  frames = {
-    k: int(_fields(t).get("file_location_id", -1)) for k, t in tables.get("StackFrames", {}).items()
-  }
+  frames = _frames.user_frames(tables.get("StackFrames", {}), locations)
   return locations, frames
 
 

@@ -1,0 +1,197 @@
+"""For `python -m donate.profile --advice`: the jitted functions a script calls and the shapes it
+calls them with, so that each program the run profiled can be compiled again with a remedy.
+
+XLA's dump of a run has the programs, not the functions that made them; to measure a remedy
+(donating an argument, a compiler option) the profile needs the traced function. `install()`
+makes `jax.jit` (as the script, flax's `nnx.jit` and equinox's `filter_jit` call it) return the
+same jitted function behind a thin wrapper that notes the abstract arguments (shapes, dtypes,
+shardings) of the first calls; after the run, `profile_like(p)` profiles the noted call whose
+program peaks as `p` does, with `donate.memory_profile`, which keeps the program for `advice()`.
+Without `--advice` nothing is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+_MOST = 4  # calls noted per jitted function
+_noted: list[tuple[Any, tuple, dict]] = []  # (jitted, abstract args, abstract kwargs)
+
+
+class _Traced(Exception):
+  """A call made while tracing an outer function (its arguments are tracers): not noted."""
+
+
+def _abstract(x):
+  import jax
+
+  if isinstance(x, jax.core.Tracer):
+    raise _Traced
+  if isinstance(x, jax.Array):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding, weak_type=x.weak_type)
+  return x
+
+
+class _Noted:
+  """A jitted function that notes its first calls' abstract arguments."""
+
+  def __init__(self, jitted):
+    self._jitted, self._calls = jitted, 0
+    functools.update_wrapper(self, jitted)
+
+  def __call__(self, *args, **kwargs):
+    if self._calls < _MOST:
+      import jax
+
+      try:
+        spec = jax.tree.map(_abstract, (args, kwargs))
+      except _Traced:
+        spec = None
+      if spec is not None:
+        self._calls += 1
+        _noted.append((self._jitted, *spec))
+    return self._jitted(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._jitted, name)
+
+  def __get__(self, obj, objtype=None):
+    return self if obj is None else functools.partial(self, obj)
+
+
+def install() -> None:
+  """Makes `jax.jit` note the calls of what it returns (see the module docstring)."""
+  import jax
+
+  real = jax.jit
+
+  @functools.wraps(real)
+  def jit(fun=None, *args, **kwargs):
+    if fun is None:
+      return lambda f: jit(f, *args, **kwargs)
+    return _Noted(real(fun, *args, **kwargs))
+
+  jax.jit = jit
+
+
+def profile_like(p):
+  """The profile, with its program for `advice()`, of a noted call whose function has `p`'s name
+  and whose program peaks as `p` does; None when no noted call does (one compile per candidate
+  with that name, each read once)."""
+  from donate._profile.api import memory_profile
+
+  for jitted, args, kwargs in _noted:
+    name = getattr(jitted, "__name__", None)
+    if name != p.function:
+      continue
+    try:
+      found = memory_profile(jitted, *args, **kwargs)
+    except Exception:  # noqa: BLE001 - a call the script made that no longer traces alone
+      continue
+    if found.peak_bytes == p.peak_bytes:
+      return rename(found, names())
+  return None
+
+
+def _graph_names(name: str, value) -> dict[str, str]:
+  """For a flax nnx graph node's flat state (`nnx.jit` passes each one as a `NodeStates`: its
+  graph definition and a flat list of leaves, which JAX names `model.states[0][5]`), its leaves
+  by their graph paths (`model.conv1.kernel`, `optimizer.opt_state[0].mu.conv1.kernel`)."""
+  import sys
+
+  graphlib = sys.modules.get("flax.nnx.graphlib")
+  states = getattr(value, "states", None)
+  if graphlib is None or type(value).__name__ != "NodeStates" or not states or len(states) != 1:
+    return {}
+  try:
+    node = graphlib.unflatten(value.graphdef, states[0])
+    paths = list(graphlib.flatten(node)[1].paths)
+  except Exception:  # noqa: BLE001 - another flax: JAX's positional names stay
+    return {}
+  if len(paths) != len(states[0]):
+    return {}
+  return {
+    f"{name}.states[0][{k}]": name
+    + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
+    for k, path in enumerate(paths)
+  }
+
+
+def _equinox_names(bound: dict) -> dict[str, str]:
+  """Under `eqx.filter_jit` JAX names leaves `dynamic_nodonate['first'][0]`: the first argument's
+  array leaves and the rest's, flattened, their tree kept static. Their names as the user's
+  function's parameters and fields (`model.hidden.weight`, `opt_state[0].mu.head.bias`)."""
+  import inspect
+
+  from jax import tree_util
+
+  static: Any = bound.get("static")
+  if set(bound) != {"dynamic_donate", "dynamic_nodonate", "static"} or len(static or ()) != 3:
+    return {}
+  (fun_leaves, _), first, rest = static
+  fun = next((f for f in fun_leaves if callable(f)), None)
+  try:
+    params = list(inspect.signature(fun).parameters) if fun is not None else []
+  except (TypeError, ValueError):
+    params = []
+
+  def paths(treedef) -> list[str]:
+    tree = tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
+    return [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(tree)[0]]
+
+  def rest_name(path: str) -> str:
+    head, _, tail = path[1:].partition("]")  # "[0][1].mu" -> rest args; "[1]['lr']" -> kwargs
+    if head == "0" and tail.startswith("["):
+      k, _, more = tail[1:].partition("]")
+      name = params[int(k) + 1] if int(k) + 1 < len(params) else f"args[{int(k) + 1}]"
+      return name + more
+    return tail.lstrip("[").replace("']", "", 1).strip("'") if head == "1" else path
+
+  first_name = params[0] if params else "args[0]"
+  found = {}
+  for where in ("dynamic_donate", "dynamic_nodonate"):
+    for k, path in enumerate(paths(first[1])):
+      found[f"{where}['first'][{k}]"] = first_name + path
+    for k, path in enumerate(paths(rest[1])):
+      found[f"{where}['rest'][{k}]"] = rest_name(path)
+  return found
+
+
+def names() -> dict[str, str]:
+  """The user's names of the leaves JAX names by position, from the noted calls: flax nnx graph
+  paths under `nnx.jit` (`_graph_names`), equinox fields under `eqx.filter_jit`
+  (`_equinox_names`)."""
+  import inspect
+
+  found: dict[str, str] = {}
+  for jitted, args, kwargs in _noted:
+    try:
+      bound = inspect.signature(jitted).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+      continue
+    for name, value in bound.items():
+      found.update(_graph_names(name, value))
+    try:
+      found.update(_equinox_names(bound))
+    except Exception:  # noqa: BLE001 - another equinox: JAX's positional names stay
+      pass
+  return found
+
+
+def rename(p, names: dict[str, str]):
+  """`p` with the paths of its arguments, suggestions and donations in the user's `names`."""
+  import dataclasses
+
+  if not names:
+    return p
+
+  def fix(items):
+    return tuple(
+      dataclasses.replace(x, path=names[x.path]) if getattr(x, "path", None) in names else x
+      for x in items
+    )
+
+  return dataclasses.replace(
+    p, at_peak=fix(p.at_peak), could_donate=fix(p.could_donate), shadowed=fix(p.shadowed)
+  )

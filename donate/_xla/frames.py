@@ -1,0 +1,53 @@
+"""The user's own frame of an HLO instruction's stack: JAX records the whole Python stack of each
+instruction (HLO's `StackFrames` table: a location and the caller's frame), innermost first, with
+JAX's own frames left out; its innermost frame is often a framework's (`flax/linen/linear.py`)
+where the user's line is the call site in their model, further out.
+
+>>> locations = {1: "/usr/lib/python3/site-packages/flax/linen/linear.py:287 (__call__)",
+...              2: "/home/me/gpt.py:31 (__call__)"}
+>>> user_frames({1: "{file_location_id=1 parent_frame_id=3}",
+...              2: "{file_location_id=2 parent_frame_id=1}"}, locations)
+{1: 2, 2: 2}
+
+XLA prints a frame's `parent_frame_id` one past the table's id of its caller (0, printed 1, is no
+caller): above, frame 1's caller is frame 2, the outermost.
+"""
+
+from __future__ import annotations
+
+import re
+import sysconfig
+
+_FIELD = re.compile(r"(\w+)=(\d+)")
+_DEPTH = 64
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def is_library(where: str) -> bool:
+  """Whether a `file:line` is in an installed package or Python's standard library."""
+  path = where.rsplit(":", 1)[0]
+  return "site-packages/" in path or "dist-packages/" in path or path.startswith(_STDLIB)
+
+
+def user_frames(frames: dict[int, str], locations: dict[int, str]) -> dict[int, int]:
+  """For each frame id of HLO's `StackFrames` table (`{file_location_id=L parent_frame_id=P}`),
+  the location of its first frame outside installed packages (walking to the callers, each
+  printed one past its id), else its own location."""
+  fields = {k: {a: int(b) for a, b in _FIELD.findall(text)} for k, text in frames.items()}
+  found = {}
+  for k, f in fields.items():
+    own, frame = f.get("file_location_id", -1), k
+    for _ in range(_DEPTH):
+      f2 = fields.get(frame)
+      if f2 is None:
+        break
+      loc = f2.get("file_location_id", -1)
+      if not is_library(locations.get(loc, "")):
+        own = loc
+        break
+      parent = f2.get("parent_frame_id", 0) - 1
+      if parent <= 0 or parent == frame:
+        break
+      frame = parent
+    found[k] = own
+  return found

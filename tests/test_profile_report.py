@@ -1,0 +1,245 @@
+"""The doctor's report: `python -m donate.profile` on three training scripts written from public
+tutorials (tests/data: the flax NNX MNIST CNN under `nnx.jit`, a nanoGPT-style flax linen model
+with an optax `TrainState` under `jax.jit`, an equinox MLP under `eqx.filter_jit`), its command
+line, its verdicts, its pages opened in headless Chromium.
+"""
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import donate
+from donate._profile import naming, report
+
+ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+
+
+def said(stderr: str) -> list[str]:
+  """The lines of stderr that are not JAX's or XLA's start-up logging."""
+  return [ln for ln in stderr.strip().splitlines()
+          if not ln.startswith(("WARNING: All log messages", "I0000", "W0000", "E0000"))]
+
+
+def cli(*args, cwd):
+  return subprocess.run([sys.executable, "-m", "donate.profile", *args], cwd=cwd, env=ENV,
+                        capture_output=True, text=True, timeout=600)
+
+
+def test_span_folds_layer_numbers_and_counts_layers():
+  scopes = [naming.layer_scope(f"jit(step)/transpose(jvp(GPT))/h_{k}/attn/div") for k in range(4)]
+  assert report.span(scopes * 2) == ("h_0..h_3/attn", 4)
+  assert report.span(["a/b", "c"]) == ("a/b", 1)
+
+
+def test_an_array_where_the_function_goes_names_both():
+  with pytest.raises(donate.DonationError, match=r"got an array float32\[3\].*jax.jit\(step\), x"):
+    donate.memory_profile(jnp.ones(3))
+
+
+def layers_step(ws, x):
+  def loss(ws):
+    h = x
+    for w in ws:
+      h = jnp.tanh(h @ w)
+    return jnp.mean(h ** 2)
+  return [w - 0.1 * g for w, g in zip(ws, jax.grad(loss)(ws))]
+
+
+def test_a_verdict_folds_repeated_layers_and_says_whether_it_fits():
+  ws = [jnp.ones((256, 256)) * 0.01 for _ in range(4)]
+  p = donate.memory_profile(jax.jit(layers_step), ws, jnp.ones((1024, 256)))
+  top = report.top_group(p)
+  assert top.count >= 3 and str(top).startswith(f"{top.count} x ")
+  line = report.verdict(p, "h100")
+  assert line.startswith(f"layers_step: peak {donate._base.text.format_bytes(p.peak_bytes)}")
+  assert str(p.fits("h100")) in line
+  assert "test_profile_report.py:" in str(top)
+
+
+def test_a_compiled_gives_the_same_plan_whichever_is_asked_first():
+  def f(x):
+    y = jnp.exp(x)
+    return y + y.sum()
+
+  x = jnp.ones(2 ** 20)
+  first = donate.jit(f, donate_argnums=0).lower(x).compile()
+  plan_first = str(first.plan)
+  second = donate.jit(f, donate_argnums=0).lower(x).compile()
+  profile = second.memory_profile()
+  assert str(second.plan) == plan_first and second.plan.profile is profile
+  assert "temporary of reduce_sum at test_profile_report.py:" in plan_first.replace("\n      ", " ")
+  assert "is live with it" in plan_first.replace("\n      ", " ")
+  assert "donation saved 0 B at the peak (8.0 MiB without it)" in plan_first
+
+
+@pytest.mark.slow
+def test_help_and_errors_write_nothing(tmp_path):
+  shown = cli("--help", cwd=tmp_path)
+  assert shown.returncode == 0
+  for option in ("--out", "--device", "--advice", "--fit", "--compare", "--top", "-m"):
+    assert option in shown.stdout
+  for args in (["nothere.py"], ["-m", "no_such_module_65"], ["--out", "o", "nothere.py", "-x"]):
+    bad = cli(*args, cwd=tmp_path)
+    assert bad.returncode == 2 and len(said(bad.stderr)) == 1, bad.stderr
+    assert "donate.profile: no" in bad.stderr
+  assert os.listdir(tmp_path) == []
+  device = cli("--device", "h800", str(DATA / "gpt_linen.py"), cwd=tmp_path)
+  assert device.returncode == 2 and "h100" in device.stderr and os.listdir(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def gpt_runs(tmp_path_factory):
+  """The GPT script profiled twice, the second run compared with the first."""
+  cwd = tmp_path_factory.mktemp("gpt")
+  first = cli("--out", "run1", "--device", "h100", "--advice", str(DATA / "gpt_linen.py"),
+              cwd=cwd)
+  second = cli("--out", "run2", "--compare", "run1", "--top", "2", str(DATA / "gpt_linen.py"),
+               cwd=cwd)
+  return cwd, first, second
+
+
+@pytest.mark.slow
+def test_the_gpt_report_has_an_index_verdicts_and_grouped_lines(gpt_runs):
+  cwd, run, _ = gpt_runs
+  assert run.returncode == 0 and run.stdout.startswith("loss "), run.stderr[-3000:]
+  verdict = next(ln for ln in run.stderr.splitlines() if ln.startswith("  train_step: peak"))
+  assert "activations (4 layers x " in verdict and "gpt_linen.py:" in verdict
+  assert "(h_0..h_3/attn)" in verdict and "fits on H100" in verdict.replace("h100", "H100")
+  assert re.search(r"\d+ more programs, each under 1% of the largest", run.stderr)
+  index = (cwd / "run1" / "index.html").read_text()
+  assert "train_step" in index and "id='verdict'" in index
+  [page] = (cwd / "run1").glob("*_train_step.html")
+  text = page.read_text()
+  assert "4 layers x " in text and "site-packages" not in text.split("<details>")[0]
+  record = json.loads(page.with_suffix(".json").read_text())
+  assert record["function"] == "train_step" and record["peak_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_advice_figures_are_each_a_compile_the_test_makes(gpt_runs):
+  _, run, _ = gpt_runs
+  sys.path.insert(0, str(DATA))
+  try:
+    import gpt_linen
+  finally:
+    sys.path.remove(str(DATA))
+  model = gpt_linen.GPT()
+  batch = jnp.zeros((gpt_linen.BATCH, gpt_linen.CONTEXT + 1), jnp.int32)
+  params = model.init(jax.random.key(0), batch[:, :-1])["params"]
+  state = gpt_linen.train_state.TrainState.create(apply_fn=model.apply, params=params,
+                                                  tx=gpt_linen.optax.adamw(1e-3))
+  p = donate.memory_profile(gpt_linen.train_step, state, batch)
+  expected = report.remedies(p.advice())
+  assert expected.startswith("measured: donating state (donate_argnums=0) -")
+  verdict = next(ln for ln in run.stderr.splitlines() if ln.startswith("  train_step: peak"))
+  assert verdict.endswith(expected), (verdict, expected)
+
+
+@pytest.mark.slow
+def test_compare_says_what_changed_against_an_earlier_run(gpt_runs):
+  _, _, second = gpt_runs
+  assert second.returncode == 0, second.stderr[-3000:]
+  said = second.stderr[second.stderr.index("against the earlier run:"):]
+  assert re.search(r"train_step: peak [\d.]+ \w+, was [\d.]+ \w+ \(unchanged\)", said), said
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, where", [("mnist_nnx", "train_step"),
+                                         ("mlp_equinox", "train_step")])
+def test_nnx_and_equinox_scripts_get_a_verdict(tmp_path, name, where):
+  run = cli("--out", "pages", "--device", "b200", str(DATA / f"{name}.py"), cwd=tmp_path)
+  assert run.returncode == 0, run.stderr[-3000:]
+  verdict = next(ln for ln in run.stderr.splitlines() if ln.startswith(f"  {where}: peak"))
+  assert "fits on B200" in verdict.replace("b200", "B200")
+  assert (tmp_path / "pages" / "index.html").exists()
+  assert f"{name}.py:" in verdict  # the user's own line, not the framework's
+  if name == "mnist_nnx":  # nnx.jit's leaves by their graph paths, not model.states[0][5]
+    [page] = (tmp_path / "pages").glob("*_train_step.html")
+    text = page.read_text()
+    assert "model.linear1.kernel" in text and "optimizer.opt_state[0].mu.linear1.kernel" in text
+    assert "model.states[0]" not in text and "optimizer.states[0]" not in text
+  if name == "mlp_equinox":  # eqx.filter_jit's leaves by parameter and field, not dynamic_...
+    [page] = (tmp_path / "pages").glob("*_train_step.html")
+    text = page.read_text().split("<details><summary>The full text")[0]
+    assert "model.hidden.weight" in text and "opt_state[0].mu.hidden.weight" in text
+    assert "dynamic_nodonate[" not in text
+
+
+@pytest.mark.slow
+def test_the_fit_option_prints_the_fit(tmp_path):
+  if not hasattr(donate.MemoryProfile, "fit"):
+    pytest.skip("MemoryProfile.fit is built in issue 62, not on this branch yet")
+  run = cli("--out", "pages", "--fit", "h100", str(DATA / "gpt_linen.py"), cwd=tmp_path)
+  assert run.returncode == 0 and "donate.profile: train_step: " in run.stderr, run.stderr[-3000:]
+
+
+# The pages in headless Chromium: a probe script added to a copy of each page reports what a
+# reader would meet (script errors, the widest element, the verdict, the tooltip of a block).
+PROBE = """<script>
+window.__errors = [];
+addEventListener('error', e => window.__errors.push(String(e.message)));
+addEventListener('load', () => {
+  const rect = document.querySelector('#treemap rect');
+  if (rect) {
+    const b = rect.getBoundingClientRect();
+    rect.dispatchEvent(new MouseEvent('mousemove', {bubbles: true, clientX: b.x + 2,
+                                                     clientY: b.y + 2}));
+  }
+  const tip = document.getElementById('tip');
+  const out = document.createElement('pre');
+  out.id = 'probe';
+  out.textContent = JSON.stringify({errors: window.__errors,
+    width: document.documentElement.scrollWidth,
+    verdict: (document.getElementById('verdict') || {}).innerText || '',
+    tip: tip ? tip.innerText : null});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def _chromium() -> str:
+  for name in ("chromium", "chromium-browser", "google-chrome"):
+    if shutil.which(name):
+      return shutil.which(name)
+  pytest.skip("no Chromium to open the pages with (apt-get install chromium)")
+
+
+def probe(page: pathlib.Path) -> dict:
+  copy = page.with_name("probe_" + page.name)
+  copy.write_text(page.read_text().replace("<head>", "<head>" + PROBE, 1))
+  with tempfile.TemporaryDirectory() as profile:
+    done = subprocess.run(
+      [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+       "--no-first-run", "--disable-background-networking", "--disable-component-update",
+       "--disable-sync", f"--user-data-dir={profile}", "--window-size=1280,900",
+       "--virtual-time-budget=3000", "--dump-dom", copy.as_uri()],
+      capture_output=True, text=True, timeout=180)
+  copy.unlink()
+  found = re.search(r"<pre id=\"probe\">(.*?)</pre>", done.stdout, re.S)
+  assert found, done.stderr[-2000:]
+  import html
+  return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.slow
+def test_the_pages_in_chromium_show_the_verdict_without_errors(gpt_runs):
+  cwd, _, _ = gpt_runs
+  index = probe(cwd / "run1" / "index.html")
+  assert index["errors"] == [] and index["width"] <= 1280
+  assert index["verdict"].startswith("train_step: peak")
+  [page] = (cwd / "run1").glob("*_train_step.html")
+  seen = probe(page)
+  assert seen["errors"] == [] and seen["width"] <= 1280, seen
+  assert seen["verdict"].startswith("train_step: peak") and "fits on" in seen["verdict"]
+  assert "bytes: " in seen["tip"] and "category: " in seen["tip"], seen["tip"]
