@@ -5,7 +5,7 @@ copied from `donate._examples`) runs unchanged under `python -m donate.profile`,
 HTML page per compiled program; the training step's page is opened in headless Chromium (Debian's
 `chromium`) at 1280 px and its first screen saved as the PNG.
 
-  python scripts/report_picture.py [--out docs/doctor_report.png] [--height 900] [--keep DIR]
+  python scripts/report_picture.py [--out docs/doctor_report.png] [--height 1040] [--keep DIR]
 
 Re-run it whenever the report's page changes.
 """
@@ -79,7 +79,7 @@ def report_page(folder: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", type=pathlib.Path, default=REPO / "docs" / "doctor_report.png")
-  parser.add_argument("--height", type=int, default=900)
+  parser.add_argument("--height", type=int, default=1040)
   parser.add_argument("--keep", type=pathlib.Path, help="run in this folder and keep its pages")
   args = parser.parse_args(argv)
   with tempfile.TemporaryDirectory() as scratch:
