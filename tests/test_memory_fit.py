@@ -283,3 +283,49 @@ def test_an_equinox_model_with_filter_checkpoint_measured_as_written():
     assert a.peak_bytes == donate.memory_profile(make(_policy_of(a.how)), layers, x).peak_bytes, a
     assert a.same_values == "bitwise", a
     assert "eqx.filter_checkpoint" in a.how
+
+
+# -- host offload on compile-only H100s ------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not targets.available(), reason="needs the gpu-aot extra")
+def test_offload_on_h100s_is_measured_with_its_host_bytes():
+  """On a GPU target the offload policies are compiled too: the peak and the host bytes equal
+  the step written with the policy, compiled for 8 H100s; FLOPs from the traced matmuls (a
+  compile-only GPU program has no cost analysis)."""
+  from jax.ad_checkpoint import checkpoint_name
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  def make(policy):
+    def layer(w, h):
+      return jnp.tanh(checkpoint_name(h @ w, "proj") @ w)
+
+    def loss(ws, x):
+      def body(h, w):
+        return jax.checkpoint(layer, policy=policy)(w, h), None
+      h, _ = jax.lax.scan(body, x, ws)
+      return jnp.mean(h ** 2)
+    return jax.jit(lambda ws, x: ws - 0.1 * jax.grad(loss)(ws, x))
+
+  s = NamedSharding(targets.gpu_mesh("h100", 8, ("x",)), P())
+  args = (jax.ShapeDtypeStruct((4, 512, 512), jnp.float32, sharding=s),
+          jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=s))
+  p = donate.memory_profile(make(None), *args)
+  assert p.platform == "gpu"
+  offload = [a for a in p.advice(["pinned_host"])]
+  assert len(offload) == 2 and all("openxla/xla#46231" in a.change for a in offload)
+  policies = {
+      "offload_dot": CPS.offload_dot_with_no_batch_dims("device", "pinned_host"),
+      "save_and_offload": CPS.save_and_offload_only_these_names(
+          names_which_can_be_saved=(), names_which_can_be_offloaded=["proj"],
+          offload_src="device", offload_dst="pinned_host"),
+  }
+  for a in offload:
+    [policy] = [v for k, v in policies.items() if k in a.how]
+    written = make(policy)
+    stats = written.lower(*args).compile().memory_analysis()
+    assert a.peak_bytes == donate.memory_profile(written, *args).peak_bytes, a
+    assert a.host_bytes == stats.host_temp_size_in_bytes > 0, a
+    assert a.flops_ratio is not None and a.same_values is None

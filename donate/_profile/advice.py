@@ -63,6 +63,7 @@ class Advice:
     flops_ratio: XLA's FLOPs of the changed program over the original's (None: not measured).
     same_values: the changed program's outputs against the original's on the profile's
       arguments ("bitwise", "allclose (...)", "differ (...)"; None: not checked).
+    host_bytes: what the changed program keeps in host memory (offload), beside `peak_bytes`.
   """
 
   change: str
@@ -71,6 +72,7 @@ class Advice:
   saving_bytes: int
   flops_ratio: float | None = None
   same_values: str | None = None
+  host_bytes: int = 0
 
   @property
   def measured(self) -> bool:
@@ -87,6 +89,8 @@ class Advice:
     else:
       effect = f"raises the peak to {peak} ({format_bytes(-saving)} more)"
     flops = "" if self.flops_ratio is None else f", {self.flops_ratio:.2f}x the FLOPs"
+    if self.host_bytes:
+      flops += f", {format_bytes(self.host_bytes)} in host memory"
     return f"{self.change}: {effect}{flops}, measured - {self.how}"
 
 
@@ -128,7 +132,7 @@ def changes(profile, candidates=None) -> tuple[Change, ...]:
     found.append(Change(change, how, ((option, value),)))
   traced = program.made.traced
   if program.can_retrace and traced is not None:
-    found += remat.changes(traced.jaxpr)
+    found += remat.changes(traced.jaxpr, profile.platform)
   return tuple(c for c in found if _wanted(candidates, c.change, c.how))
 
 
@@ -147,14 +151,15 @@ def advise(profile, candidates=None, check_values: bool = True) -> tuple[Advice,
   if program is None:
     errors.no_program_for_advice()
   assert isinstance(program, Program)
-  base = program.measure()
   found = []
   for c in changes(profile, candidates):
     m = program.measure((c,))
-    ratio = None if not (m.flops and base.flops) else m.flops / base.flops
+    ratio = program.flops_ratio((c,))
     same = program.same_values((c,)) if check_values and c.retraces else None
     found.append(
-      Advice(c.change, c.how, m.peak_bytes, profile.peak_bytes - m.peak_bytes, ratio, same)
+      Advice(
+        c.change, c.how, m.peak_bytes, profile.peak_bytes - m.peak_bytes, ratio, same, m.host_bytes
+      )
     )
   stated = () if program.can_retrace else _checkpoint_lines(profile)
   return tuple(found) + tuple(stated)

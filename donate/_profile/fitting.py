@@ -36,6 +36,7 @@ class PlanStep:
     saving_bytes: what this step saved against the previous one's peak.
     flops_ratio: XLA's FLOPs with every step so far against the original's (None: unknown).
     needed_bytes: the bytes the program holds then (what `fits` compares).
+    host_bytes: the bytes it keeps in host memory then (offload).
   """
 
   change: str
@@ -44,6 +45,7 @@ class PlanStep:
   saving_bytes: int
   flops_ratio: float | None
   needed_bytes: int
+  host_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ class Plan:
     lines = [head]
     for n, s in enumerate(self.steps, 1):
       flops = "" if s.flops_ratio is None else f", {s.flops_ratio:.2f}x FLOPs"
+      flops += f", {format_bytes(s.host_bytes)} on the host" if s.host_bytes else ""
       lines.append(
         f"  {n}. {s.change}: peak {format_bytes(s.peak_bytes)} "
         f"(-{format_bytes(s.saving_bytes)}{flops})\n     {s.how}"
@@ -110,7 +113,7 @@ def _limit(device, fraction) -> limits.Limit:
     raise
 
 
-def _pick(measured: list, prev_peak: int, base_flops):
+def _pick(measured: list, prev_peak: int, program, taken: list):
   """The candidate saving the most bytes per FLOP added (one adding none first); None when
   none lowers the peak."""
   best, best_key = None, None
@@ -118,7 +121,7 @@ def _pick(measured: list, prev_peak: int, base_flops):
     saving = prev_peak - m.peak_bytes
     if saving <= 0:
       continue
-    ratio = m.flops / base_flops if m.flops and base_flops else 1.0
+    ratio = program.flops_ratio((*taken, c)) or 1.0
     added = max(ratio - 1.0, 0.0)
     key = (added <= 1e-9, saving / added if added > 1e-9 else saving)
     if best_key is None or key > best_key:
@@ -144,13 +147,14 @@ def fit(profile, device, fraction=None, candidates=None, check_values: bool = Tr
   current = base
   while current.needed_bytes > limit.usable_bytes and left:
     measured = [(c, program.measure((*taken, c))) for c in left]
-    best = _pick(measured, current.peak_bytes, base.flops)
+    best = _pick(measured, current.peak_bytes, program, taken)
     if best is None:
       break
     c, m = best
-    ratio = m.flops / base.flops if m.flops and base.flops else None
+    ratio = program.flops_ratio((*taken, c))
     saving = current.peak_bytes - m.peak_bytes
-    steps.append(PlanStep(c.change, c.how, m.peak_bytes, saving, ratio, m.needed_bytes))
+    step = PlanStep(c.change, c.how, m.peak_bytes, saving, ratio, m.needed_bytes, m.host_bytes)
+    steps.append(step)
     taken.append(c)
     left = [x for x in left if _kind(x) != _kind(c)]
     current = m

@@ -5,6 +5,12 @@ Where the code checkpoints (`jax.checkpoint`, flax's `nn.remat` / `nnx.remat`, e
 by each of JAX's named policies in turn, and by `save_only_these_names` for the names the code
 marks with `checkpoint_name`. Where it has none, the body of each layer loop (`lax.scan`,
 `fori_loop` with static bounds, flax's `nn.scan`) is checkpointed, with each policy in turn.
+
+On GPU targets the offload policies are measured too (`offload_dot_with_no_batch_dims`, and
+`save_and_offload_only_these_names` for the marked names): residuals kept in pinned host memory
+instead of the device's. XLA:CPU does not lower memory-kind transfers, so they are not offered
+for CPU programs. Offload is measured for memory only: openxla/xla#46231 shows offloaded scan
+residuals that gave wrong gradients with correct-looking memory figures.
 """
 
 from __future__ import annotations
@@ -62,16 +68,49 @@ def _where(lines: tuple[str, ...]) -> str:
   return f" (at {', '.join(lines[:3])}{', ...' if len(lines) > 3 else ''})" if lines else ""
 
 
-def changes(closed) -> tuple[Change, ...]:
-  """The checkpoint changes to measure for a step whose jaxpr is `closed` (see the module)."""
+OFFLOAD = "memory only: offloaded residuals can compute wrong gradients (openxla/xla#46231)"
+
+
+def _policies(has: bool, names: tuple[str, ...], platform: str) -> list:
+  policies = list(NAMED)
+  listed = ", ".join(repr(n) for n in names)
+  if has and names:
+    named = (f"save_only_these_names({listed})", P.save_only_these_names(*names))
+    policies.append((*named, "save only the named values"))
+  if platform != "gpu":
+    return policies
+  offload = P.offload_dot_with_no_batch_dims("device", "pinned_host")
+  policies.append(
+    (
+      'offload_dot_with_no_batch_dims("device", "pinned_host")',
+      offload,
+      f"keep matmul outputs in host memory; {OFFLOAD}",
+    )
+  )
+  if has and names:
+    words = f"keep the named values in host memory; {OFFLOAD}"
+    to_host = P.save_and_offload_only_these_names(
+      names_which_can_be_saved=(),
+      names_which_can_be_offloaded=names,
+      offload_src="device",
+      offload_dst="pinned_host",
+    )
+    call = (
+      f"save_and_offload_only_these_names(names_which_can_be_saved=(), "
+      f'names_which_can_be_offloaded=[{listed}], offload_src="device", '
+      'offload_dst="pinned_host")'
+    )
+    policies.append((call, to_host, words))
+  return policies
+
+
+def changes(closed, platform: str = "cpu") -> tuple[Change, ...]:
+  """The checkpoint changes to measure for a step whose jaxpr is `closed`, compiled for
+  `platform` (see the module)."""
   has, names, checkpoints, loops = facts(closed)
   if not has and not loops:
     return ()
-  policies = list(NAMED)
-  if has and names:
-    listed = ", ".join(repr(n) for n in names)
-    named = (f"save_only_these_names({listed})", P.save_only_these_names(*names))
-    policies.append((*named, "save only the named values"))
+  policies = _policies(has, names, platform)
   found = []
   for name, policy, words in policies:
     if has:

@@ -25,6 +25,7 @@ import numpy as np
 from jax import tree_util
 
 from donate._base import compat as _compat
+from donate._base.jaxprs import subs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,6 +58,8 @@ class Measured:
   peak_bytes: int
   needed_bytes: int
   flops: float | None
+  host_bytes: int = 0  # in host memory spaces (`memory_analysis()`'s host fields): offload
+  dot_flops: int | None = None  # the traced program's matmul FLOPs (`dot_flops`)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,6 +80,35 @@ def _flops(compiled) -> float | None:
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None
   return None if not cost or "flops" not in cost else float(cost["flops"])
+
+
+def dot_flops(jaxpr, times: int = 1) -> int:
+  """2 x the multiply-adds of every `dot_general` in an open jaxpr (a scan's body counted its
+  length times; other sub-jaxprs once): the matmul FLOPs of the program as traced, recomputed
+  residuals included.
+
+  >>> import jax, jax.numpy as jnp
+  >>> dot_flops(jax.make_jaxpr(lambda a, b: a @ b)(jnp.ones((2, 3)), jnp.ones((3, 4))).jaxpr)
+  48
+  """
+  total = 0
+  for e in jaxpr.eqns:
+    if e.primitive.name == "dot_general":
+      (contract, _), _ = e.params["dimension_numbers"]
+      lhs = e.invars[0].aval.shape
+      inner = int(np.prod([lhs[d] for d in contract], dtype=np.int64))
+      total += 2 * times * int(np.prod(e.outvars[0].aval.shape, dtype=np.int64)) * inner
+    n = times * int(e.params.get("length", 1)) if e.primitive.name == "scan" else times
+    total += sum(dot_flops(sub.jaxpr, n) for sub in subs(e))
+  return total
+
+
+def _host(compiled) -> int:
+  """Bytes the program keeps in host memory (`memory_analysis()`'s host fields; 0 without)."""
+  stats = compiled.memory_analysis()
+  fields = ("argument", "output", "temp")
+  held = sum(getattr(stats, f"host_{f}_size_in_bytes", 0) or 0 for f in fields)
+  return held - (getattr(stats, "host_alias_size_in_bytes", 0) or 0)
 
 
 def _merged(changes) -> Change:
@@ -147,18 +179,32 @@ class Program:
     key = tuple(changes)
     with self._lock:
       if key not in self._cache:
-        lowered, options = self.lowered_with(key)
+        lowered, options, traced = self._lowered_with(key)
         peak, needed, compiled = self.read(lowered, options)
         self.compiles += 1
-        self._cache[key] = Measured(peak, needed, _flops(compiled))
+        dots = None if traced is None else dot_flops(traced.jaxpr.jaxpr)
+        self._cache[key] = Measured(peak, needed, _flops(compiled), _host(compiled), dots)
       return self._cache[key]
+
+  def flops_ratio(self, changes) -> float | None:
+    """FLOPs of the program with `changes` over the original's: XLA's `cost_analysis()` where
+    the target gives it (XLA:CPU), else the matmul FLOPs of the traced programs (`dot_flops`:
+    compile-only GPU programs have no cost analysis); None when neither is known."""
+    m, base = self.measure(changes), self.measure()
+    for a, b in ((m.flops, base.flops), (m.dot_flops, base.dot_flops)):
+      if a and b:
+        return a / b
+    return None
 
   def lowered_with(self, changes) -> tuple[Any, dict]:
     """`(lowered, compiler options)` of the program with `changes` applied."""
+    return self._lowered_with(changes)[:2]
+
+  def _lowered_with(self, changes) -> tuple[Any, dict, Any]:
     merged = _merged(changes)
     options = {**self.options, **dict(merged.options)}
     if not merged.retraces:
-      return self._donating(self.made, merged.donate), options
+      return self._donating(self.made, merged.donate), options, self.made.traced
     if self.retrace is None:
       raise ValueError("the profile has no function and arguments to trace again")
     args = self.args
@@ -166,7 +212,7 @@ class Program:
       args = batched(args, *merged.batch)
     with _compat.retracing(merged.policy, merged.loop_policy):
       made = self.retrace(args, self.kwargs)
-      return self._donating(made, merged.donate), options
+      return self._donating(made, merged.donate), options, made.traced
 
   def _donating(self, made: Made, argnums: tuple[int, ...]):
     argnums = tuple(n for n in argnums if n not in self.donated_argnums)
