@@ -10,9 +10,9 @@ own peak is read, FLOPs from XLA's cost analysis):
   `compiler_options` (`OPTIONS`: each is a field of XLA's `DebugOptions`, accepted by jaxlib
   0.10 and 0.12 for CPU programs and for H100 programs compiled ahead of time);
 - checkpoint policies (`remat.changes`): every checkpoint's policy replaced by JAX's named
-  ones, or, where the code has none, each layer loop's body checkpointed; where the profile
-  cannot trace the function again (a `Lowered` or `donate.jit` stage alone), the source lines
-  whose saved values a policy would recompute are stated instead, `peak_bytes` None.
+  ones, or, where the code has none, each layer loop's body checkpointed; where none of these
+  can be compiled (a `Lowered` or `donate.jit` stage alone, layers unrolled rather than looped),
+  the source lines whose saved values a policy would recompute are stated, `peak_bytes` None.
 
 Nothing is compiled before `advice()` is called.
 """
@@ -113,7 +113,7 @@ def _checkpoint_lines(profile) -> list[Advice]:
 
 
 def _wanted(candidates, change: str, how: str) -> bool:
-  return candidates is None or any(c in (change, how) or c in how for c in candidates)
+  return candidates is None or any(c in change or c in how for c in candidates)
 
 
 def changes(profile, candidates=None) -> tuple[Change, ...]:
@@ -152,7 +152,8 @@ def advise(profile, candidates=None, check_values: bool = True) -> tuple[Advice,
     errors.no_program_for_advice()
   assert isinstance(program, Program)
   found = []
-  for c in changes(profile, candidates):
+  candidates_found = changes(profile, candidates)
+  for c in candidates_found:
     m = program.measure((c,))
     ratio = program.flops_ratio((c,))
     same = program.same_values((c,)) if check_values and c.retraces else None
@@ -161,5 +162,6 @@ def advise(profile, candidates=None, check_values: bool = True) -> tuple[Advice,
         c.change, c.how, m.peak_bytes, profile.peak_bytes - m.peak_bytes, ratio, same, m.host_bytes
       )
     )
-  stated = () if program.can_retrace else _checkpoint_lines(profile)
+  measured_remat = any(c.retraces for c in candidates_found)
+  stated = () if measured_remat else _checkpoint_lines(profile)
   return tuple(found) + tuple(stated)

@@ -62,6 +62,7 @@ class Plan:
   original_peak_bytes: int
   compiles: int
   same_values: str | None = None
+  flops_from: str = "XLA's cost analysis"
 
   def __bool__(self) -> bool:
     return self.fits
@@ -93,7 +94,7 @@ class Plan:
       )
     if self.same_values is not None:
       lines.append(f"  outputs against the original's: {self.same_values}")
-    lines.append(f"  ({self.compiles} compiles)")
+    lines.append(f"  ({self.compiles} compiles; FLOPs from {self.flops_from})")
     return "\n".join(lines)
 
 
@@ -171,6 +172,7 @@ def fit(profile, device, fraction=None, candidates=None, check_values: bool = Tr
     base.peak_bytes,
     program.compiles - before,
     same,
+    program.flops_from,
   )
 
 

@@ -196,6 +196,13 @@ class Program:
         return a / b
     return None
 
+  @property
+  def flops_from(self) -> str:
+    """Where `flops_ratio` reads FLOPs, in words."""
+    if self.measure().flops:
+      return "XLA's cost analysis"
+    return "the traced matmuls (the target has no cost analysis)"
+
   def lowered_with(self, changes) -> tuple[Any, dict]:
     """`(lowered, compiler options)` of the program with `changes` applied."""
     return self._lowered_with(changes)[:2]
