@@ -329,3 +329,37 @@ def test_offload_on_h100s_is_measured_with_its_host_bytes():
     assert a.peak_bytes == donate.memory_profile(written, *args).peak_bytes, a
     assert a.host_bytes == stats.host_temp_size_in_bytes > 0, a
     assert a.flops_ratio is not None and a.same_values is None
+
+
+# -- flax nnx ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_flax_nnx_model_with_nnx_remat_measured_as_written():
+  nnx = pytest.importorskip("flax.nnx")
+
+  def make(policy):
+    class MLP(nnx.Module):
+      def __init__(self, rngs):
+        self.layers = nnx.List([nnx.Linear(128, 128, rngs=rngs) for _ in range(3)])
+
+      def __call__(self, x):
+        for layer in self.layers:
+          x = nnx.remat(lambda l, h: jax.nn.gelu(l(h)), policy=policy)(layer, x)
+        return x
+    graphdef, params = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
+
+    def step(params, x):
+      grads = jax.grad(lambda p: jnp.mean(nnx.merge(graphdef, p)(x) ** 2))(params)
+      return jax.tree.map(lambda w, g: w - 0.1 * g, params, grads)
+    return jax.jit(step), params
+
+  step, params = make(None)
+  x = jnp.linspace(0, 1, 256 * 128).reshape(256, 128)
+  p = donate.memory_profile(step, params, x)
+  items = p.advice(["checkpoint policy"])
+  assert len(items) == 3
+  for a in items:
+    written, _ = make(_policy_of(a.how))
+    assert a.peak_bytes == donate.memory_profile(written, params, x).peak_bytes, a
+    assert a.same_values == "bitwise", a
