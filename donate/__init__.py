@@ -18,7 +18,6 @@ from donate._plan.memory_stats import MemoryStats as MemoryStats
 from donate._profile import MemoryProfile as MemoryProfile
 from donate._profile import memory_profile as memory_profile
 from donate._profile.advice import Advice as Advice
-from donate._profile.advice import Program as Program
 from donate._profile.model import Change as Change
 from donate._profile.model import Comparison as Comparison
 from donate._profile.model import Entry as Entry
@@ -30,6 +29,7 @@ from donate._profile.model import Suggestion as Suggestion
 from donate._profile.model import Timeline as Timeline
 from donate._profile.profile import Saving as Saving
 from donate._profile.shadow import Shadow as Shadow
+from donate._profile.variants import Program as Program
 from donate._xla.copy_record import CopyRecord as CopyRecord
 from donate._xla.copy_record import Loop as Loop
 from donate.symm import requires_symmetric as requires_symmetric

@@ -378,3 +378,79 @@ def bound_axis_names() -> tuple:
   ()
   """
   return tuple(jex.core.unsafe_get_axis_names_DO_NOT_USE())
+
+
+# A memory profile measures remedies by tracing the user's step again with a change applied
+# below the user's code: every `jax.checkpoint` with another policy, every `lax.scan` body
+# checkpointed. The change has to be made where the checkpoint is bound, before autodiff reads
+# its policy (a traced training step holds the policy's outcome, not the policy): `remat_p` and
+# `scan_p` are private, and no public API binds them with other parameters. `jit`'s trace cache
+# would answer the new trace with the old jaxpr: `hlo_source_file_canonicalization_regex` is in
+# the trace context and, set to a pattern that matches nothing, changes nothing else.
+import contextlib  # noqa: E402
+import itertools  # noqa: E402
+import threading  # noqa: E402
+
+from jax._src import ad_checkpoint as _ad_checkpoint  # noqa: E402
+from jax._src.lax.control_flow import loops as _loops  # noqa: E402
+
+_RETRACE_LOCK = threading.RLock()
+_RETRACES = itertools.count()
+
+
+def _binds_checkpoint(jaxpr) -> bool:
+  for e in jaxpr.eqns:
+    if e.primitive is _ad_checkpoint.remat_p:
+      return True
+    for v in e.params.values():
+      for j in v if isinstance(v, (tuple, list)) else (v,):
+        inner = getattr(j, "jaxpr", j)
+        if isinstance(inner, jex.core.Jaxpr) and _binds_checkpoint(inner):
+          return True
+  return False
+
+
+def _checkpointed(closed, policy):
+  """`closed` (a ClosedJaxpr) as one `jax.checkpoint` of itself with `policy`, same types."""
+  body = jax.checkpoint(jex.core.jaxpr_as_fun(closed), policy=policy, prevent_cse=False)
+  avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in closed.in_avals]
+  return jax.make_jaxpr(body)(*avals)
+
+
+@contextlib.contextmanager
+def retracing(policy=None, loop_policy=None):
+  """While open, traces of a `jax.jit` function are made afresh; every `jax.checkpoint` bound
+  uses `policy` (when given: a `jax.checkpoint_policies` policy), every `lax.scan` body without
+  a checkpoint is checkpointed with `loop_policy` (when given). Process-wide while open: other
+  threads tracing meanwhile see it too."""
+  remat_p, scan_p = _ad_checkpoint.remat_p, _loops.scan_p
+  saved = {p: p.__dict__.get("bind") for p in (remat_p, scan_p)}
+  bind_remat, bind_scan = remat_p.bind, scan_p.bind
+
+  def remat_bind(*args, **params):
+    return bind_remat(*args, **{**params, "policy": policy})
+
+  def scan_bind(*args, jaxpr, **params):
+    if not _binds_checkpoint(jaxpr.jaxpr):
+      jaxpr = _checkpointed(jaxpr, loop_policy)
+    return bind_scan(*args, jaxpr=jaxpr, **params)
+
+  with _RETRACE_LOCK:
+    if policy is not None:
+      remat_p.bind = remat_bind
+    if loop_policy is not None:
+      scan_p.bind = scan_bind
+    try:
+      with _config.hlo_source_file_canonicalization_regex(f"donate-retrace-{next(_RETRACES)}^"):
+        yield
+    finally:
+      for prim, old in saved.items():
+        if old is None:
+          prim.__dict__.pop("bind", None)
+        else:
+          prim.bind = old
+
+
+def binds_checkpoint(closed) -> bool:
+  """Whether a ClosedJaxpr, or a jaxpr inside it, binds `jax.checkpoint`'s primitive."""
+  return _binds_checkpoint(closed.jaxpr)

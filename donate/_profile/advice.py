@@ -1,16 +1,18 @@
 """What would lower a profile's peak, measured: the program compiled with each candidate change.
 
-`advise(profile)` compiles the profiled program once per candidate and reads each compile's peak
-as the profile's own is read (`api.peak_of`):
+`advise(profile)` lists the candidate changes (`changes`) and measures each on the profile's
+target through `variants.Program.measure` (one compile per candidate, read as the profile's
+own peak is read, FLOPs from XLA's cost analysis):
 
 - donating what `could_donate` names (the argnums to write), where the profile has the traced
-  program (`Program.donating`);
+  program;
 - XLA options that move the peak on the program's backend, passed per compile through
   `compiler_options` (`OPTIONS`: each is a field of XLA's `DebugOptions`, accepted by jaxlib
   0.10 and 0.12 for CPU programs and for H100 programs compiled ahead of time);
-- where activations are at the peak, the source lines whose saved values a `jax.checkpoint`
-  policy would recompute instead, with their bytes at the peak: stated, not compiled (it is a
-  code change), `peak_bytes` None.
+- checkpoint policies (`remat.changes`): every checkpoint's policy replaced by JAX's named
+  ones, or, where the code has none, each layer loop's body checkpointed; where none of these
+  can be compiled (a `Lowered` or `donate.jit` stage alone, layers unrolled rather than looped),
+  the source lines whose saved values a policy would recompute are stated, `peak_bytes` None.
 
 Nothing is compiled before `advice()` is called.
 """
@@ -18,9 +20,10 @@ Nothing is compiled before `advice()` is called.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 from donate._base.text import format_bytes
+from donate._profile import remat
+from donate._profile.variants import Change, Program
 
 # backend -> (change in words, option, value): XLA DebugOptions that move the peak.
 OPTIONS = {
@@ -57,12 +60,19 @@ class Advice:
     peak_bytes: the peak of the program compiled with the change (None: stated, not compiled).
     saving_bytes: the profile's `peak_bytes` minus `peak_bytes` (for a stated change: the bytes
       at the peak it concerns).
+    flops_ratio: XLA's FLOPs of the changed program over the original's (None: not measured).
+    same_values: the changed program's outputs against the original's on the profile's
+      arguments ("bitwise", "allclose (...)", "differ (...)"; None: not checked).
+    host_bytes: what the changed program keeps in host memory (offload), beside `peak_bytes`.
   """
 
   change: str
   how: str
   peak_bytes: int | None
   saving_bytes: int
+  flops_ratio: float | None = None
+  same_values: str | None = None
+  host_bytes: int = 0
 
   @property
   def measured(self) -> bool:
@@ -78,18 +88,10 @@ class Advice:
       effect = f"leaves the peak at {peak}"
     else:
       effect = f"raises the peak to {peak} ({format_bytes(-saving)} more)"
-    return f"{self.change}: {effect}, measured - {self.how}"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Program:
-  """How to compile the profiled program again: `compile(options)` with more compiler options,
-  `donating(argnums)` (None where the trace is not at hand) with more inputs donated; each
-  returns the peak, read as the profile's own."""
-
-  compile: Callable[[dict], int]
-  donating: Callable[[tuple[int, ...]], int] | None = None
-  donated_argnums: tuple[int, ...] = ()  # what it donates already (the keyword keeps them)
+    flops = "" if self.flops_ratio is None else f", {self.flops_ratio:.2f}x the FLOPs"
+    if self.host_bytes:
+      flops += f", {format_bytes(self.host_bytes)} in host memory"
+    return f"{self.change}: {effect}{flops}, measured - {self.how}"
 
 
 def _checkpoint_lines(profile) -> list[Advice]:
@@ -111,12 +113,34 @@ def _checkpoint_lines(profile) -> list[Advice]:
 
 
 def _wanted(candidates, change: str, how: str) -> bool:
-  return candidates is None or any(c in (change, how) or c in how for c in candidates)
+  return candidates is None or any(c in change or c in how for c in candidates)
 
 
-def advise(profile, candidates=None) -> tuple[Advice, ...]:
+def changes(profile, candidates=None) -> tuple[Change, ...]:
+  """The candidate changes of `profile` that `candidates` names (all when None): donation, XLA
+  options, checkpoint policies (see the module docstring). Compiles nothing."""
+  program = profile.program
+  found = []
+  argnums = tuple(sorted({s.argnum for s in profile.could_donate if s.argnum is not None}))
+  if argnums and program.can_donate:
+    every = tuple(sorted(set(argnums) | set(program.donated_argnums)))
+    how = "donate_argnums=" + (str(every[0]) if len(every) == 1 else str(every))
+    words = "donate " + ", ".join(s.path for s in profile.could_donate)
+    found.append(Change(words, how, donate=argnums))
+  for change, option, value in OPTIONS.get(profile.platform, ()):
+    how = f"compiler_options={{{option!r}: {value!r}}}"
+    found.append(Change(change, how, ((option, value),)))
+  traced = program.made.traced
+  if program.can_retrace and traced is not None:
+    found += remat.changes(traced.jaxpr, profile.platform)
+  return tuple(c for c in found if _wanted(candidates, c.change, c.how))
+
+
+def advise(profile, candidates=None, check_values: bool = True) -> tuple[Advice, ...]:
   """The measured advice of `profile` (see the module docstring); `candidates` limits the
-  compiled ones to those whose `change` or `how` it names.
+  compiled ones to those whose `change` or `how` it names. `check_values`: run each checkpoint
+  change on the profile's own arguments against the original (where they are concrete arrays
+  on this machine's backend) and record the comparison.
 
   Raises:
     DonationError: the profile has no program to compile again (a `jax.stages.Compiled` alone).
@@ -126,24 +150,18 @@ def advise(profile, candidates=None) -> tuple[Advice, ...]:
   program = profile.program
   if program is None:
     errors.no_program_for_advice()
+  assert isinstance(program, Program)
   found = []
-  argnums = tuple(sorted({s.argnum for s in profile.could_donate if s.argnum is not None}))
-  if argnums and program.donating is not None:
-    every = tuple(sorted(set(argnums) | set(program.donated_argnums)))
-    how = "donate_argnums=" + (str(every[0]) if len(every) == 1 else str(every))
-    if _wanted(candidates, "donate", how):
-      peak = program.donating(argnums)
-      found.append(
-        Advice(
-          "donate " + ", ".join(s.path for s in profile.could_donate),
-          how,
-          peak,
-          profile.peak_bytes - peak,
-        )
+  candidates_found = changes(profile, candidates)
+  for c in candidates_found:
+    m = program.measure((c,))
+    ratio = program.flops_ratio((c,))
+    same = program.same_values((c,)) if check_values and c.retraces else None
+    found.append(
+      Advice(
+        c.change, c.how, m.peak_bytes, profile.peak_bytes - m.peak_bytes, ratio, same, m.host_bytes
       )
-  for change, option, value in OPTIONS.get(profile.platform, ()):
-    how = f"compiler_options={{{option!r}: {value!r}}}"
-    if _wanted(candidates, change, how):
-      peak = program.compile({option: value})
-      found.append(Advice(change, how, peak, profile.peak_bytes - peak))
-  return tuple(found) + tuple(_checkpoint_lines(profile))
+    )
+  measured_remat = any(c.retraces for c in candidates_found)
+  stated = () if measured_remat else _checkpoint_lines(profile)
+  return tuple(found) + tuple(stated)

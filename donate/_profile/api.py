@@ -30,10 +30,9 @@ from typing import Any
 import jax
 from jax import tree_util
 
-from donate._base import compat as _compat
-from donate._profile import advice as _advice
 from donate._profile import baseline as _baseline
 from donate._profile import errors, liverange, naming, proto, reading
+from donate._profile import variants as _variants
 from donate._profile.assemble import assemble
 from donate._profile.profile import MemoryProfile, Saving
 from donate._profile.source import DonateProgram, Source
@@ -92,11 +91,16 @@ the function with its arguments)
   elif callable(getattr(jitted, "trace", None)):
     traced = jitted.trace(*args, **kwargs)
     if isinstance(traced, DonateProgram):
-      return profile_of_source(traced.__donate_program__())
+      profile = profile_of_source(traced.__donate_program__())
+      assert isinstance(profile.program, _variants.Program)
+      program = _retraceable(profile.program, jitted, args, kwargs)
+      return dataclasses.replace(profile, program=program)
     lowered, baseline = traced.lower(), _baseline.of_traced(traced)
     if isinstance(traced, jax.stages.Traced):
       profile = profile_of_lowered(lowered, signature=_signature(jitted), baseline=baseline)
-      return dataclasses.replace(profile, program=_program(lowered, profile.platform, traced))
+      program = _program(lowered, profile.platform, traced)
+      program = _retraceable(program, jitted, args, kwargs)
+      return dataclasses.replace(profile, program=program)
   elif callable(getattr(jitted, "lower", None)):
     lowered, baseline = jitted.lower(*args, **kwargs), _baseline.Baseline(why=_baseline.NO_TRACE)
   else:
@@ -107,30 +111,35 @@ the function with its arguments)
 
 def _program(
   lowered, platform: str, traced=None, options=None, lower_donating=None, donated=()
-) -> _advice.Program:
-  """How `advice()` compiles the profiled program again (with more donations: from `traced`,
-  else `lower_donating`, a `donate.jit` program's), with its own compiler `options` (XLA's dump
-  options left out) and the candidate's."""
-  given = {k: v for k, v in (options or {}).items() if not k.startswith("xla_dump")}
+) -> _variants.Program:
+  """How `advice()` and the plan compile the profiled program again (`variants.Program`): with
+  more donations (from `traced`, else `lower_donating`, a `donate.jit` program's), with its own
+  compiler `options` (XLA's dump options left out) and the candidate's."""
 
-  def compile_with(extra: dict) -> int:
-    return _peak(lowered, {**given, **extra}, platform)
+  def read(lowered_again, options_again: dict) -> tuple[int, int, Any]:
+    return _read(lowered_again, options_again, platform)
 
-  def donating(argnums: tuple[int, ...]) -> int:
-    if traced is None:
-      return _peak(lower_donating(argnums), given, platform)
-    args = traced.args_info[0]
-    starts = [0]
-    for a in args:
-      starts.append(starts[-1] + len(tree_util.tree_leaves(a)))
-    leaves = {k for n in argnums for k in range(starts[n], starts[n + 1])}
-    return _peak(_compat.traced_with_donation(traced, leaves).lower(), given, platform)
-
-  can_donate = traced is not None or lower_donating is not None
   if traced is not None:
     args = [tree_util.tree_leaves(a) for a in traced.args_info[0]]
     donated = tuple(n for n, a in enumerate(args) if a and all(x.donated for x in a))
-  return _advice.Program(compile_with, donating if can_donate else None, donated)
+  made = _variants.Made(traced, lowered, lower_donating)
+  return _variants.Program(made, read, options, donated)
+
+
+def _retraceable(program: _variants.Program, jitted, args, kwargs) -> _variants.Program:
+  """`program` able to trace `jitted` again on other arguments or with checkpoint policies."""
+
+  def retrace(args_again: tuple, kwargs_again: dict) -> _variants.Made:
+    traced = jitted.trace(*args_again, **kwargs_again)
+    if isinstance(traced, DonateProgram):
+      src = traced.__donate_program__()
+      return _variants.Made(src.traced, src.lowered, src.lower_donating)
+    return _variants.Made(traced, traced.lower())
+
+  made, read = program.made, program.read
+  return _variants.Program(
+    made, read, program.options, program.donated_argnums, retrace, tuple(args), dict(kwargs)
+  )
 
 
 def _signature(fn):
@@ -251,11 +260,18 @@ def measured(profile: MemoryProfile, baseline, compiler_options=None) -> MemoryP
   return dataclasses.replace(profile, saving=Saving(measure))
 
 
-def _peak(lowered, options: dict, platform: str) -> int:
-  """The peak of `lowered` compiled with `options`: on CPU from the buffer assignment the
-  compiled program carries, elsewhere from XLA's dump of the compile."""
+def _read(lowered, options: dict, platform: str) -> tuple[int, int, Any]:
+  """`(peak, bytes held, compiled)` of `lowered` compiled with `options`: on CPU from the buffer
+  assignment the compiled program carries, elsewhere from XLA's dump of the compile."""
   compiled = lowered.compile(compiler_options=options or None) if platform == "cpu" else None
-  return _profile(*_assignment(compiled, lowered, options or None), None).peak_bytes
+  compiled, dump, module = _assignment(compiled, lowered, options or None)
+  profile = _profile(compiled, dump, module, None)
+  return profile.peak_bytes, max(profile.peak_bytes, profile.reserved_bytes), compiled
+
+
+def _peak(lowered, options: dict, platform: str) -> int:
+  """The peak of `lowered` compiled with `options` (`_read`)."""
+  return _read(lowered, options, platform)[0]
 
 
 def _assignment(compiled, lowered, compiler_options) -> tuple[Any, reading.Dump, _hlo.Module]:

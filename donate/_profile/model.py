@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 from donate._base.text import format_bytes
-from donate._xla.gpu_targets import SPECS
+from donate._profile.limits import Fit as Fit
 
 KINDS = ("argument", "output", "temporary", "copy", "loop carry", "collective", "constant")
 
@@ -288,63 +288,6 @@ class Suggestion:
   def bytes(self) -> int:
     """The old name of `nbytes`."""
     return self.nbytes
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Fit:
-  """Whether a program's memory fits a device; truthy when it does.
-
-  `needed_bytes` is what the program holds on the device while it runs (arguments + outputs -
-  aliased + temporaries + constants); `headroom_bytes` is what is left (negative: missing).
-  """
-
-  device: str
-  capacity_bytes: int
-  needed_bytes: int
-
-  @property
-  def headroom_bytes(self) -> int:
-    """The device's bytes left when the program runs (negative: missing)."""
-    return self.capacity_bytes - self.needed_bytes
-
-  def __bool__(self) -> bool:
-    return self.needed_bytes <= self.capacity_bytes
-
-  def __str__(self) -> str:
-    verdict = "fits" if self else "does not fit"
-    return (
-      f"{verdict} on {self.device} ({format_bytes(self.capacity_bytes)}): needs "
-      f"{format_bytes(self.needed_bytes)}, headroom {format_bytes(self.headroom_bytes)}"
-    )
-
-  @property
-  def capacity(self) -> int:
-    """The old name of `capacity_bytes`."""
-    return self.capacity_bytes
-
-  @property
-  def needed(self) -> int:
-    """The old name of `needed_bytes`."""
-    return self.needed_bytes
-
-  @property
-  def headroom(self) -> int:
-    """The old name of `headroom_bytes`."""
-    return self.headroom_bytes
-
-
-def capacity_of(device) -> tuple[str, int]:
-  """(name, bytes) of a device: a GPU name of `donate.targets.gpu_names()` or a byte count.
-
-  Raises:
-    ValueError: neither a known GPU nor a positive int (the caller words the error).
-  """
-  if isinstance(device, int) and not isinstance(device, bool) and device > 0:
-    return format_bytes(device), device
-  spec = SPECS.get(str(device).lower())
-  if spec is None:
-    raise ValueError(device)
-  return spec.name, spec.device_memory_bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from donate._profile import advice, errors, model, views
+from donate._profile import advice, errors, fitting, limits, model, views
 from donate._profile.model import Entry, Suggestion, Timeline
 
 
@@ -41,8 +41,48 @@ class Saving:
       return self._result
 
 
+class Remedies:
+  """What a profile measures by compiling its program again: whether it fits, what would lower
+  its peak, a plan to fit, the largest batch (`MemoryProfile`'s methods)."""
+
+  __slots__ = ()
+
+  @property
+  def needed_bytes(self) -> int:
+    """What the program holds on the device while it runs: `fits` compares it."""
+    raise NotImplementedError
+
+  def fits(self, device, fraction: float | None = None) -> model.Fit:
+    """Whether `reserved_bytes` fit what JAX's allocator gives a program on `device` (`"h100"`,
+    `"b200"`, or a byte count as it is), read from the environment as the installed JAX does
+    (75% of the card by default; `limits.usable`), or `fraction` of the card. Truthy when it
+    fits, with `usable_bytes`, `headroom_bytes`; `str()` says which limit and why.
+
+    Raises:
+      DonationError: an unknown device name (the message lists the known ones).
+    """
+    try:
+      return limits.fit(self.needed_bytes, device, fraction)
+    except KeyError:
+      errors.unknown_device(device)
+      raise
+
+  def advice(self, candidates=None) -> tuple:
+    """What would lower the peak, each compiled here (`advice.advise`): donation, XLA options,
+    checkpoint policies; `candidates` limits them (by their `change` or `how`)."""
+    return advice.advise(self, candidates)
+
+  def fit(self, device, fraction: float | None = None, candidates=None) -> fitting.Plan:
+    """A plan of measured changes, composed, that makes it fit `device` (`fitting.fit`)."""
+    return fitting.fit(self, device, fraction, candidates)
+
+  def largest_batch(self, device, argnum: int | None = None, axis: int = 0, fraction=None):
+    """The largest batch that fits `device`, found by compiling (`fitting.largest_batch`)."""
+    return fitting.largest_batch(self, device, argnum, axis, fraction)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)
-class MemoryProfile:
+class MemoryProfile(Remedies):
   """Where the memory of one compiled program goes, per device, from XLA's buffer assignment.
 
   The argument, output, aliased and temporary figures are XLA's allocations, summed as
@@ -86,7 +126,7 @@ class MemoryProfile:
   shadowed: tuple = ()  # aliased, a temporary of their size beside them (`shadow.Shadow`)
   constant_bytes: int = 0
   saving: Saving | None = dataclasses.field(default=None, compare=False)  # measured on demand
-  program: object = dataclasses.field(default=None, compare=False)  # `advice.Program` or None
+  program: object = dataclasses.field(default=None, compare=False)  # `variants.Program` or None
   layout: tuple = dataclasses.field(default=(), compare=False)  # `treemap.packing`'s buffers
 
   @property
@@ -114,6 +154,11 @@ class MemoryProfile:
     gaps included)."""
     held = self.argument_bytes + self.output_bytes - self.alias_bytes
     return held + self.temp_bytes + self.constant_bytes
+
+  @property
+  def needed_bytes(self) -> int:
+    """What the program holds on the device while it runs: `fits` compares it."""
+    return max(self.reserved_bytes, self.peak_bytes)
 
   @property
   def free_at_peak_bytes(self) -> int:
@@ -183,12 +228,6 @@ class MemoryProfile:
     """Whether the donation saving is known without a compile (`measure()` makes it so)."""
     return self.saving is None or self.saving.known() is not None
 
-  def advice(self, candidates=None) -> tuple:
-    """What would lower the peak: items with `change`, `how`, `peak_bytes` (measured: one
-    compile per candidate, made here) and `saving_bytes` (see `donate._profile.advice`);
-    `candidates` limits the compiled ones (by their `change` or `how`)."""
-    return advice.advise(self, candidates)
-
   def by_scope(self) -> tuple[model.Group, ...]:
     """The bytes at the peak grouped by JAX name-stack scope (the `op_name` without its
     primitive; arguments and outputs as `(arguments)`, `(outputs)`), largest first."""
@@ -204,21 +243,6 @@ class MemoryProfile:
     by_scope = model.changes(self.by_scope(), other.by_scope())
     saved = (self.donation_saved_bytes, other.donation_saved_bytes)
     return model.Comparison(self.peak_bytes, other.peak_bytes, by_source, by_scope, *saved)
-
-  def fits(self, device) -> model.Fit:
-    """Whether the program fits `device`: `"h100"`, `"b200"` or a byte count.
-
-    The bytes needed are `reserved_bytes` (XLA allocates its temporaries as one block), per
-    device. The result is truthy when it fits; `.headroom_bytes` is the bytes left.
-
-    Raises:
-      DonationError: an unknown device name (the message lists the known ones).
-    """
-    try:
-      name, capacity = model.capacity_of(device)
-    except ValueError:
-      errors.unknown_device(device)
-    return model.Fit(name, capacity, max(self.reserved_bytes, self.peak_bytes))
 
   def explain(self) -> str:
     """What XLA's figures count, and why they differ for this program, in words."""

@@ -1,0 +1,249 @@
+"""A plan that makes a program fit a device, and the largest batch that fits: both thin clients
+of `variants.Program.measure` (every figure they give comes from a compile they made).
+
+`fit` composes the measured remedies of `advice.changes` cumulatively: each round compiles every
+candidate left with every step taken so far applied, takes the one that saves the most bytes
+per FLOP it adds (a change that adds none first), and stops when the program fits the usable
+limit (`limits.usable`), or when no candidate left lowers the peak. Changes of one kind
+replace one another (one checkpoint policy, one value per compiler option): a taken one retires
+the others of its kind.
+
+`largest_batch` searches the batch axis of one argument by compiling the program with
+`jax.ShapeDtypeStruct`s of each size tried: doubling from the profiled size while it fits, then
+bisecting, in steps of the number of shards the axis is split into.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from jax import tree_util
+
+from donate._base.text import format_bytes
+from donate._profile import advice, errors, limits
+from donate._profile.variants import Change
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanStep:
+  """One change of a plan, measured with every earlier step applied.
+
+  Attributes:
+    change: the change in words.
+    how: the code, keyword or compiler option to write.
+    peak_bytes: the peak with this and every earlier step applied (one compile).
+    saving_bytes: what this step saved against the previous one's peak.
+    flops_ratio: XLA's FLOPs with every step so far against the original's (None: unknown).
+    needed_bytes: the bytes the program holds then (what `fits` compares).
+    host_bytes: the bytes it keeps in host memory then (offload).
+  """
+
+  change: str
+  how: str
+  peak_bytes: int
+  saving_bytes: int
+  flops_ratio: float | None
+  needed_bytes: int
+  host_bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+  """The changes that make a program fit a device (`steps`, in order, cumulative), whether it
+  then `fits`, its `peak_bytes` (the last step's; the original's without steps), the `limit`
+  compared with, the original's peak and the `compiles` made. Truthy when it fits."""
+
+  steps: tuple[PlanStep, ...]
+  fits: bool
+  peak_bytes: int
+  needed_bytes: int
+  limit: limits.Limit
+  original_peak_bytes: int
+  compiles: int
+  same_values: str | None = None
+  flops_from: str = "XLA's cost analysis"
+
+  def __bool__(self) -> bool:
+    return self.fits
+
+  @property
+  def changes(self) -> tuple[str, ...]:
+    return tuple(s.how for s in self.steps)
+
+  def __str__(self) -> str:
+    limit = self.limit
+    head = f"plan to fit {limit}: peak {format_bytes(self.original_peak_bytes)} to start"
+    lines = [head]
+    for n, s in enumerate(self.steps, 1):
+      flops = "" if s.flops_ratio is None else f", {s.flops_ratio:.2f}x FLOPs"
+      flops += f", {format_bytes(s.host_bytes)} on the host" if s.host_bytes else ""
+      lines.append(
+        f"  {n}. {s.change}: peak {format_bytes(s.peak_bytes)} "
+        f"(-{format_bytes(s.saving_bytes)}{flops})\n     {s.how}"
+      )
+    needed = format_bytes(self.needed_bytes)
+    if self.fits and not self.steps:
+      lines.append(f"  it fits as it is: needs {needed}")
+    elif self.fits:
+      lines.append(f"  it fits after {len(self.steps)} step(s): needs {needed}")
+    else:
+      lines.append(
+        f"  nothing measured makes it fit: the closest plan needs {needed}, "
+        f"{format_bytes(self.needed_bytes - limit.usable_bytes)} over"
+      )
+    if self.same_values is not None:
+      lines.append(f"  outputs against the original's: {self.same_values}")
+    lines.append(f"  ({self.compiles} compiles; FLOPs from {self.flops_from})")
+    return "\n".join(lines)
+
+
+def _kind(c: Change) -> tuple:
+  if c.policy is not None or c.loop_policy is not None:
+    return ("checkpoint",)
+  if c.options:
+    return tuple(k for k, _ in c.options)
+  return ("donate", c.donate)
+
+
+def _limit(device, fraction) -> limits.Limit:
+  try:
+    return limits.usable(device, fraction)
+  except KeyError:
+    errors.unknown_device(device)
+    raise
+
+
+def _pick(measured: list, prev_peak: int, program, taken: list):
+  """The candidate saving the most bytes per FLOP added (one adding none first); None when
+  none lowers the peak."""
+  best, best_key = None, None
+  for c, m in measured:
+    saving = prev_peak - m.peak_bytes
+    if saving <= 0:
+      continue
+    ratio = program.flops_ratio((*taken, c)) or 1.0
+    added = max(ratio - 1.0, 0.0)
+    key = (added <= 1e-9, saving / added if added > 1e-9 else saving)
+    if best_key is None or key > best_key:
+      best, best_key = (c, m), key
+  return best
+
+
+def fit(profile, device, fraction=None, candidates=None, check_values: bool = True) -> Plan:
+  """The plan that makes `profile`'s program fit `device` (see the module docstring).
+
+  Raises:
+    DonationError: an unknown device, or a profile without a program to compile again.
+  """
+  limit = _limit(device, fraction)
+  program = profile.program
+  if program is None:
+    errors.no_program_for_advice()
+  before = program.compiles
+  base = program.measure()
+  left = list(advice.changes(profile, candidates))
+  taken: list[Change] = []
+  steps: list[PlanStep] = []
+  current = base
+  while current.needed_bytes > limit.usable_bytes and left:
+    measured = [(c, program.measure((*taken, c))) for c in left]
+    best = _pick(measured, current.peak_bytes, program, taken)
+    if best is None:
+      break
+    c, m = best
+    ratio = program.flops_ratio((*taken, c))
+    saving = current.peak_bytes - m.peak_bytes
+    step = PlanStep(c.change, c.how, m.peak_bytes, saving, ratio, m.needed_bytes, m.host_bytes)
+    steps.append(step)
+    taken.append(c)
+    left = [x for x in left if _kind(x) != _kind(c)]
+    current = m
+  same = None
+  if check_values and any(c.retraces for c in taken):
+    same = program.same_values(tuple(taken))
+  fits = current.needed_bytes <= limit.usable_bytes
+  return Plan(
+    tuple(steps),
+    fits,
+    current.peak_bytes,
+    current.needed_bytes,
+    limit,
+    base.peak_bytes,
+    program.compiles - before,
+    same,
+    program.flops_from,
+  )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Batch:
+  """The largest batch that fits (`batch`; 0 when none does), its `peak_bytes` and
+  `needed_bytes`, the `limit` compared with and the `compiles` the search made."""
+
+  batch: int
+  peak_bytes: int | None
+  needed_bytes: int | None
+  limit: limits.Limit
+  compiles: int
+  argnum: int
+  axis: int
+
+  def __str__(self) -> str:
+    if not self.batch:
+      return f"no batch fits {format_bytes(self.limit.usable_bytes)} ({self.compiles} compiles)"
+    return (
+      f"batch {self.batch} (argument {self.argnum}, axis {self.axis}) fits {self.limit}:"
+      f" needs {format_bytes(self.needed_bytes or 0)} ({self.compiles} compiles)"
+    )
+
+
+def _step_of(arg, axis: int) -> tuple[int, int]:
+  """`(size, step)`: the axis's size in `arg`'s leaves and the number of shards it is split
+  into (sizes tried are multiples of it)."""
+  leaves = [x for x in tree_util.tree_leaves(arg) if len(np.shape(x)) > axis]
+  if not leaves:
+    raise ValueError(f"the argument has no leaf with an axis {axis}")
+  size, step = np.shape(leaves[0])[axis], 1
+  for x in leaves:
+    sharding = getattr(x, "sharding", None)
+    if sharding is not None and hasattr(sharding, "shard_shape"):
+      shard = sharding.shard_shape(np.shape(x))[axis]
+      step = max(step, np.shape(x)[axis] // max(shard, 1))
+  return int(size), int(step)
+
+
+def largest_batch(profile, device, argnum=None, axis: int = 0, fraction=None) -> Batch:
+  """The largest size of axis `axis` of positional argument `argnum` (default: the last) at
+  which the program fits `device` (see the module docstring).
+
+  Raises:
+    DonationError: an unknown device, or a profile without a function to trace again.
+  """
+  limit = _limit(device, fraction)
+  program = profile.program
+  if program is None or not program.can_retrace:
+    errors.no_program_for_advice()
+  argnum = len(program.args) - 1 if argnum is None else argnum
+  size, step = _step_of(program.args[argnum], axis)
+  compiles = 0
+  found: dict[int, object] = {}
+
+  def fits(n: int) -> bool:
+    nonlocal compiles
+    if n not in found:
+      compiles += 1
+      found[n] = program.measure((Change("", "", batch=(argnum, axis, n)),))
+    return found[n].needed_bytes <= limit.usable_bytes  # type: ignore[attr-defined]
+
+  low, high = 0, size // step  # in steps: low fits (0: none), high unknown
+  if fits(high * step):
+    low, high = high, high * 2
+    while fits(high * step) and high < (size // step) << 24:
+      low, high = high, high * 2
+  while high - low > 1:
+    mid = (low + high) // 2
+    low, high = (mid, high) if fits(mid * step) else (low, mid)
+  best = found.get(low * step)
+  peak = getattr(best, "peak_bytes", None)
+  return Batch(low * step, peak, getattr(best, "needed_bytes", None), limit, compiles, argnum, axis)

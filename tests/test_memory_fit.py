@@ -1,0 +1,365 @@
+"""Does it fit, and what do I change (issue 62): the usable limit JAX's allocator gives, checkpoint
+policies measured by tracing the step again, the plan that composes remedies, the largest batch.
+
+Every figure the doctor gives is checked against a compile the test makes itself, written as a
+user writes the change (`nn.remat(Block, policy=...)`, `jax.checkpoint` around a scan body, the
+compiler option, a smaller batch)."""
+
+import ast
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import donate
+from donate import targets
+from donate._profile import limits
+
+CPS = jax.checkpoint_policies
+MEMORY_SCHEDULER = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
+
+
+# -- the usable limit ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, fraction, why",
+    [
+        ({}, 0.75, "at JAX's default 75%"),
+        ({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".5"}, 0.5, "at XLA_PYTHON_CLIENT_MEM_FRACTION=.5"),
+        ({"XLA_CLIENT_MEM_FRACTION": "0.9"}, 0.9, "at XLA_CLIENT_MEM_FRACTION=0.9"),
+        ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, 0.75, "grown on demand"),
+        ({"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, 1.0, "XLA_PYTHON_CLIENT_ALLOCATOR=platform"),
+        ({"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async"}, 0.75, "at JAX's default 75%"),
+    ],
+)
+def test_fits_compares_with_what_jax_s_allocator_gives(monkeypatch, env, fraction, why):
+  """XLA's allocators are sized `total_memory * memory_fraction` (preallocated or grown up to
+  it); the platform allocator asks CUDA for each buffer, up to the card."""
+  for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION",
+               "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR"):
+    monkeypatch.delenv(name, raising=False)
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
+  p = donate.memory_profile(jax.jit(lambda x: jnp.sin(x) * 2), jnp.ones((1024, 256)))
+  card = targets.gpu_spec("h100").device_memory_bytes
+  fit = p.fits("h100")
+  assert fit and fit.usable_bytes == int(card * fraction) and fit.capacity_bytes == card
+  assert fit.headroom_bytes == fit.usable_bytes - max(p.reserved_bytes, p.peak_bytes)
+  assert why in str(fit) and str(fit).startswith("fits an H100: needs ")
+  usable = fit.usable_bytes
+  assert not limits.fit(usable + 1, "h100") and limits.fit(usable, "h100")
+  assert p.fits("h100", fraction=0.5).usable_bytes == int(card * 0.5)
+
+
+def test_both_fraction_variables_are_refused_as_jax_refuses_them(monkeypatch):
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5")
+  monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", ".6")
+  p = donate.memory_profile(jax.jit(jnp.sin), jnp.ones(8))
+  with pytest.raises(ValueError, match="XLA_CLIENT_MEM_FRACTION"):
+    p.fits("h100")
+  assert p.fits(1 << 20).usable_bytes == 1 << 20  # a byte count is taken as it is
+
+
+# -- a scan over layers without a checkpoint ---------------------------------------------------
+
+
+def _layer(w, h):
+  return jnp.tanh(jnp.sin(h @ w) @ w)
+
+
+def _scan_step(policy=None):
+  def loss(ws, x):
+    def body(h, w):
+      return _layer(w, h), None
+    if policy is not None:
+      body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+    h, _ = jax.lax.scan(body, x, ws)
+    return jnp.mean(h ** 2)
+
+  def step(ws, x):
+    return ws - 0.1 * jax.grad(loss)(ws, x)
+  return step
+
+
+def _scan_args(batch=256):
+  return jnp.full((4, 128, 128), 0.01), jnp.linspace(0, 1, batch * 128).reshape(batch, 128)
+
+
+def _policy_of(how: str):
+  name = re.search(r"checkpoint_policies\.(\w+)", how).group(1)
+  return getattr(CPS, name)
+
+
+@pytest.mark.slow
+def test_a_scan_over_layers_checkpointed_is_measured_as_written():
+  """Without a checkpoint in the code, each layer loop's body is checkpointed with each named
+  policy: the peak equals the step written with `jax.checkpoint` around the scan body, the FLOPs
+  ratio is XLA's, the outputs are the original's bit for bit."""
+  args = _scan_args()
+  p = donate.memory_profile(jax.jit(_scan_step()), *args)
+  items = [a for a in p.advice() if "checkpoint" in a.change]
+  assert len(items) == 3 and all(a.peak_bytes is not None for a in items)
+  base_flops = jax.jit(_scan_step()).lower(*args).compile().cost_analysis()["flops"]
+  for a in items:
+    written = jax.jit(_scan_step(_policy_of(a.how)))
+    direct = donate.memory_profile(written, *args)
+    assert a.peak_bytes == direct.peak_bytes, a
+    assert a.saving_bytes == p.peak_bytes - direct.peak_bytes
+    flops = written.lower(*args).compile().cost_analysis()["flops"]
+    assert a.flops_ratio == pytest.approx(flops / base_flops)
+    assert a.same_values == "bitwise", a
+    ours = jax.tree.leaves(written(*args))
+    assert all(np.array_equal(x, y) for x, y in zip(ours, jax.tree.leaves(jax.jit(_scan_step())(*args))))
+    assert "jax.lax.scan(jax.checkpoint(body" in a.how and "test_memory_fit.py" in a.how
+  nothing = next(a for a in items if "nothing_saveable" in a.how)
+  assert nothing.saving_bytes > 0 and nothing.flops_ratio > 1.0
+
+
+@pytest.mark.slow
+def test_the_plan_reaches_a_budget_and_its_peak_is_a_compile_with_all_its_changes():
+  args = _scan_args()
+  step = _scan_step()
+  p = donate.memory_profile(jax.jit(step), *args)
+  budget = p.peak_bytes - (p.peak_bytes - p.advice()[-3].peak_bytes) // 2  # needs a checkpoint
+  plan = p.fit(budget)
+  assert plan and plan.fits and plan.steps and plan.peak_bytes == plan.steps[-1].peak_bytes
+  assert plan.needed_bytes <= budget < p.peak_bytes
+  options, policy = {}, None
+  for s in plan.steps:
+    if s.how.startswith("compiler_options="):
+      options.update(ast.literal_eval(s.how.removeprefix("compiler_options=")))
+    else:
+      policy = _policy_of(s.how)
+  lowered = jax.jit(_scan_step(policy)).lower(*args)
+  direct = donate.memory_profile(lowered.compile(compiler_options=options or None))
+  assert plan.peak_bytes == direct.peak_bytes
+  previous = p.peak_bytes
+  for s in plan.steps:
+    assert s.saving_bytes == previous - s.peak_bytes > 0
+    previous = s.peak_bytes
+  assert plan.same_values == "bitwise"
+  text = str(plan)
+  assert "it fits after" in text and "compiles" in text and plan.steps[-1].how in text
+  hopeless = p.fit(1 << 10)
+  assert not hopeless and "nothing measured makes it fit" in str(hopeless)
+  assert hopeless.peak_bytes <= plan.peak_bytes
+
+
+@pytest.mark.slow
+def test_the_largest_batch_fits_and_the_next_one_does_not():
+  args = _scan_args(256)
+  step = jax.jit(_scan_step())
+  p = donate.memory_profile(step, *args)
+  budget = p.peak_bytes + (p.peak_bytes // 3)
+  found = p.largest_batch(budget)
+  assert found.batch > 256 and found.compiles >= 3 and found.argnum == 1
+
+  def needed(batch):
+    q = donate.memory_profile(step, args[0], jax.ShapeDtypeStruct((batch, 128), jnp.float32))
+    return q.fits(budget), q.peak_bytes
+  fits, peak = needed(found.batch)
+  assert fits and peak == found.peak_bytes
+  assert not needed(found.batch + 1)[0]
+  assert "batch" in str(found) and f"{found.compiles} compiles" in str(found)
+
+
+# -- flax linen GPT, with and without nn.remat ---------------------------------------------------
+
+
+def _gpt(remat=False, policy=None, vocab=64, d=32, heads=2, layers=2):
+  nn = pytest.importorskip("flax.linen")
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = nn.LayerNorm()(x)
+      h = nn.SelfAttention(num_heads=heads, deterministic=True)(h, mask=nn.make_causal_mask(x[..., 0]))
+      x = x + h
+      h = nn.Dense(4 * d)(nn.LayerNorm()(x))
+      return x + nn.Dense(d)(nn.gelu(h))
+
+  block = nn.remat(Block, policy=policy) if remat else Block
+
+  class GPT(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+      x = nn.Embed(vocab, d)(tokens)
+      for _ in range(layers):
+        x = block()(x)
+      return nn.Dense(vocab)(nn.LayerNorm()(x))
+  return GPT()
+
+
+def _gpt_step(model):
+  optax = pytest.importorskip("optax")
+  tx = optax.sgd(1e-2, momentum=0.9)  # adamw compiles for 3x as long on XLA:CPU
+
+  def step(params, opt, tokens):
+    def loss(p):
+      logits = model.apply({"params": p}, tokens[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt = tx.update(grads, opt, params)
+    return optax.apply_updates(params, updates), opt, value
+  return step, tx
+
+
+def _gpt_args(model, tx, batch=4, seq=17):
+  tokens = jax.random.randint(jax.random.key(1), (batch, seq), 0, 64)
+  params = model.init(jax.random.key(0), tokens[:, :-1])["params"]
+  return params, tx.init(params), tokens
+
+
+@pytest.mark.slow
+def test_a_flax_gpt_with_nn_remat_each_policy_measured_as_written():
+  model = _gpt(remat=True)
+  step, tx = _gpt_step(model)
+  args = _gpt_args(model, tx)
+  p = donate.memory_profile(jax.jit(step, donate_argnums=(0, 1)), *args)
+  items = p.advice(["checkpoint policy"])
+  assert {_policy_of(a.how) for a in items} == {
+      CPS.nothing_saveable, CPS.dots_saveable, CPS.dots_with_no_batch_dims_saveable}
+  for a in items:
+    if _policy_of(a.how) is CPS.nothing_saveable:  # nn.remat's default: the step as profiled
+      assert a.peak_bytes == p.peak_bytes and a.flops_ratio == 1.0
+      continue
+    written = _gpt(remat=True, policy=_policy_of(a.how))
+    direct = donate.memory_profile(jax.jit(_gpt_step(written)[0], donate_argnums=(0, 1)), *args)
+    assert a.peak_bytes == direct.peak_bytes, a
+    assert a.same_values is not None and a.same_values.split()[0] in ("bitwise", "allclose"), a
+    assert "nn.remat" in a.how
+  dots = next(a for a in items if "dots_saveable" in a.how and "no_batch" not in a.how)
+  assert dots.flops_ratio < 1.0  # it saves what nothing_saveable recomputes
+
+
+@pytest.mark.slow
+def test_a_flax_gpt_without_remat_offers_no_policy_and_its_plan_says_so():
+  """A linen GPT with its layers unrolled and no checkpoint: no loop to checkpoint, so advice
+  has no checkpoint change to compile, and a plan for a budget below what XLA's options reach
+  says plainly that nothing measured makes it fit."""
+  model = _gpt()
+  step, tx = _gpt_step(model)
+  args = _gpt_args(model, tx)
+  p = donate.memory_profile(jax.jit(step, donate_argnums=(0, 1)), *args)
+  assert not [a for a in p.advice() if "checkpoint" in a.change]
+  plan = p.fit(p.peak_bytes // 4)
+  assert not plan and "nothing measured makes it fit" in str(plan)
+  if plan.steps:
+    lowered = jax.jit(step, donate_argnums=(0, 1)).lower(*args)
+    assert plan.peak_bytes == donate.memory_profile(
+        lowered.compile(compiler_options=MEMORY_SCHEDULER)).peak_bytes
+
+
+# -- equinox ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_equinox_model_with_filter_checkpoint_measured_as_written():
+  eqx = pytest.importorskip("equinox")
+
+  def make(policy):
+    def step(layers, x):
+      def loss(layers):
+        h = x
+        for layer in layers:
+          def apply(l, v):
+            return jax.nn.gelu(jax.vmap(l)(v))
+          h = eqx.filter_checkpoint(apply, policy=policy)(layer, h)
+        return jnp.mean(h ** 2)
+      grads = eqx.filter_grad(loss)(layers)
+      return jax.tree.map(lambda w, g: w - 0.1 * g, layers, grads)
+    return jax.jit(step)
+
+  keys = jax.random.split(jax.random.key(0), 3)
+  layers = [eqx.nn.Linear(128, 128, key=k) for k in keys]
+  x = jnp.linspace(0, 1, 256 * 128).reshape(256, 128)
+  p = donate.memory_profile(make(None), layers, x)
+  items = [a for a in p.advice() if "checkpoint policy" in a.change]
+  assert len(items) == 3
+  for a in items:
+    assert a.peak_bytes == donate.memory_profile(make(_policy_of(a.how)), layers, x).peak_bytes, a
+    assert a.same_values == "bitwise", a
+    assert "eqx.filter_checkpoint" in a.how
+
+
+# -- host offload on compile-only H100s ------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not targets.available(), reason="needs the gpu-aot extra")
+def test_offload_on_h100s_is_measured_with_its_host_bytes():
+  """On a GPU target the offload policies are compiled too: the peak and the host bytes equal
+  the step written with the policy, compiled for 8 H100s; FLOPs from the traced matmuls (a
+  compile-only GPU program has no cost analysis)."""
+  from jax.ad_checkpoint import checkpoint_name
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  def make(policy):
+    def layer(w, h):
+      return jnp.tanh(checkpoint_name(h @ w, "proj") @ w)
+
+    def loss(ws, x):
+      def body(h, w):
+        return jax.checkpoint(layer, policy=policy)(w, h), None
+      h, _ = jax.lax.scan(body, x, ws)
+      return jnp.mean(h ** 2)
+    return jax.jit(lambda ws, x: ws - 0.1 * jax.grad(loss)(ws, x))
+
+  s = NamedSharding(targets.gpu_mesh("h100", 8, ("x",)), P())
+  args = (jax.ShapeDtypeStruct((4, 512, 512), jnp.float32, sharding=s),
+          jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=s))
+  p = donate.memory_profile(make(None), *args)
+  assert p.platform == "gpu"
+  offload = [a for a in p.advice(["pinned_host"])]
+  assert len(offload) == 2 and all("openxla/xla#46231" in a.change for a in offload)
+  policies = {
+      "offload_dot": CPS.offload_dot_with_no_batch_dims("device", "pinned_host"),
+      "save_and_offload": CPS.save_and_offload_only_these_names(
+          names_which_can_be_saved=(), names_which_can_be_offloaded=["proj"],
+          offload_src="device", offload_dst="pinned_host"),
+  }
+  for a in offload:
+    [policy] = [v for k, v in policies.items() if k in a.how]
+    written = make(policy)
+    stats = written.lower(*args).compile().memory_analysis()
+    assert a.peak_bytes == donate.memory_profile(written, *args).peak_bytes, a
+    assert a.host_bytes == stats.host_temp_size_in_bytes > 0, a
+    assert a.flops_ratio is not None and a.same_values is None
+
+
+# -- flax nnx ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_flax_nnx_model_with_nnx_remat_measured_as_written():
+  nnx = pytest.importorskip("flax.nnx")
+
+  def make(policy):
+    class MLP(nnx.Module):
+      def __init__(self, rngs):
+        self.layers = nnx.List([nnx.Linear(128, 128, rngs=rngs) for _ in range(3)])
+
+      def __call__(self, x):
+        for layer in self.layers:
+          x = nnx.remat(lambda l, h: jax.nn.gelu(l(h)), policy=policy)(layer, x)
+        return x
+    graphdef, params = nnx.split(MLP(nnx.Rngs(0)), nnx.Param)
+
+    def step(params, x):
+      grads = jax.grad(lambda p: jnp.mean(nnx.merge(graphdef, p)(x) ** 2))(params)
+      return jax.tree.map(lambda w, g: w - 0.1 * g, params, grads)
+    return jax.jit(step), params
+
+  step, params = make(None)
+  x = jnp.linspace(0, 1, 256 * 128).reshape(256, 128)
+  p = donate.memory_profile(step, params, x)
+  items = p.advice(["checkpoint policy"])
+  assert len(items) == 3
+  for a in items:
+    written, _ = make(_policy_of(a.how))
+    assert a.peak_bytes == donate.memory_profile(written, params, x).peak_bytes, a
+    assert a.same_values == "bitwise", a
