@@ -73,12 +73,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bad_device(device: str) -> bool:
-  from donate._base.errors import DonationError
-  from donate._profile import model
+  from donate._profile import limits
 
   try:
-    model.capacity_of(int(device) if device.isdigit() else device)
-  except (ValueError, DonationError):
+    limits.usable(int(device) if device.isdigit() else device)
+  except (KeyError, ValueError):
     print(f"donate.profile: --device {device!r}: give h100, b200 or a byte count", file=sys.stderr)
     return True
   return False
