@@ -15,13 +15,14 @@ else. `assign_offsets` is the offset engine under every pool.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
 from donate._base import errors as _errors
+from donate._base import text as _text
+from donate._jit import binding as _binding
 from donate._planner import liveness, passes
 from donate._planner.memory_plan import MemoryPlan as MemoryPlan
 from donate._planner.offsets import OffsetAssignment as OffsetAssignment
@@ -116,23 +117,13 @@ def plan_memory(
 
 
 def _arg_names(fun, args, kwargs) -> list[str]:
-  """Names of the flat arguments: parameter name plus pytree path, e.g. ``params['w']``."""
-  try:
-    params = list(inspect.signature(fun).parameters.values())
-  except (TypeError, ValueError):
-    params = []
-  positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-  names = []
-  for path, _ in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
-    top, key, rest = path[0].idx, path[1], path[2:]
-    if top == 1:
-      head = str(key.key)
-    elif key.idx < len(positional):
-      head = positional[key.idx]
-    else:
-      head = f"args[{key.idx}]"
-    names.append(head + jax.tree_util.keystr(rest))
-  return names
+  """Names of the flat arguments as JAX's `args_info` gives them: parameter name plus pytree path,
+  e.g. ``params['w']`` (`donate.jit`'s plans name them the same way)."""
+  names = _binding.ArgumentNames.read(fun)
+  return [
+    names.of(path[1].idx if path[0].idx == 0 else path[1].key) + _text.key_path(path[2:])
+    for path, _ in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]
+  ]
 
 
 def _out_names(out_shape) -> list[str]:

@@ -5,19 +5,21 @@
 # patched (scripts/jax_suite.py compare).
 #
 # Usage: bash scripts/framework_suite.sh PACKAGE [pytest args]
-#   PACKAGE   an importable package whose wheel ships its tests (optax: 51 test files), or whose
-#             repository is given as REPO
-#   EXTRA     pip requirements its tests need besides it (default for optax: chex)
+#   PACKAGE   an importable package whose wheel ships its tests (optax: 51 test files; chex: its
+#             chex/_src/*_test.py), or whose repository is given as REPO
+#   EXTRA     pip requirements its tests need besides it (default for optax: chex; for chex:
+#             cloudpickle, which dataclass_test.py imports)
 #   REPO      a clone or bare git dir of the package's repository: its `tests` folder at the tag of
 #             the installed version (`v` and the version; TAG overrides it) runs instead of the
 #             wheel's (flax and equinox ship none)
 # Uses the suite's environment (VENV, default .venv-jaxsuite, as scripts/jax_suite.sh makes it),
 # installing PACKAGE and EXTRA there. Examples (about 5 minutes a run on two cores):
 #   bash scripts/framework_suite.sh optax -n 2
+#   bash scripts/framework_suite.sh chex -n 2
 #   REPO=~/src/equinox bash scripts/framework_suite.sh equinox -n 2
 set -euo pipefail
 if [ $# -lt 1 ]; then
-  sed -n '2,16p' "$0" >&2
+  sed -n '2,19p' "$0" >&2
   exit 2
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,7 +28,7 @@ shift
 PY=$(bash "$ROOT/scripts/python.sh" "${PYTHON:-python3}")
 VENV=${VENV:-$ROOT/.venv-jaxsuite}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-EXTRA=${EXTRA-$([ "$PACKAGE" = optax ] && echo chex || true)}
+EXTRA=${EXTRA-$(case $PACKAGE in optax) echo chex ;; chex) echo cloudpickle ;; esac)}
 "$VENV/bin/python" -m pip install -q -e "$ROOT" absl-py "pytest>=8,<9" pytest-xdist "$PACKAGE" $EXTRA
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/framework_suite.XXXXXX")

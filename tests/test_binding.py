@@ -123,3 +123,40 @@ def test_key_paths_are_read_once_per_structure_and_unhashable_metadata_still_wor
   f = lambda x: _Tagged(x * 2, ["out"])
   ours, theirs = donate.jit(f, donate_argnums=0)(jnp.ones(4)), jax.jit(f)(jnp.ones(4))
   assert ours.tags == theirs.tags == ["out"] and (ours.x == theirs.x).all()
+
+
+def _optimizer_state(n=8):
+  """numpyro's optimizers' state: a pytree node registered without keys."""
+  from jax.example_libraries import optimizers
+
+  tree = jax.tree_util
+  return optimizers.OptimizerState(
+    ([jnp.ones(n)],), tree.tree_structure([0]), [tree.tree_structure(0)]
+  )
+
+
+def _state_and_varargs(state, *args, **kw):
+  return jax.tree.map(lambda x: x * 2.0, state), jnp.tanh(args[0]) @ args[1], kw["lr"] + 1.0
+
+
+def test_leaves_are_named_as_jaxs_args_info_names_them():
+  """The first argument past the named ones is `args[0]` (JAX binds `*args` as a tuple by its
+  name), a keyword taken by `**kw` is `kw['lr']`, and the child of a node registered without
+  keys is `[0]` (JAX's debug info cleans keystr's `[<flat index 0>]`)."""
+  args = (_optimizer_state(), jnp.ones((4, 4)), jnp.ones((4, 4)))
+  kwargs = {"lr": jnp.ones(1)}
+  theirs = jax.jit(_state_and_varargs).trace(*args, **kwargs).jaxpr.jaxpr.debug_info.arg_names
+  plan = donate.jit(_state_and_varargs, donate_argnums=(0, 1)).plan(*args, **kwargs)
+  assert tuple(d.path for d in plan.decisions) == theirs
+  assert theirs == ("state[0][0][0]", "args[0]", "args[1]", "kw['lr']")
+  assert donate.planner._arg_names(_state_and_varargs, args, kwargs) == list(theirs)
+
+
+def test_the_same_program_profiled_under_either_jit_shows_no_change():
+  args = (_optimizer_state(2**14), jnp.ones((128, 128)), jnp.ones((128, 128)))
+  kwargs = {"lr": jnp.ones(1)}
+  theirs = donate.memory_profile(jax.jit(_state_and_varargs), *args, **kwargs)
+  ours = donate.memory_profile(donate.jit(_state_and_varargs), *args, **kwargs)
+  comparison = theirs.compare(ours)
+  changes = comparison.by_source + comparison.by_scope
+  assert changes and all(c.before_bytes == c.after_bytes for c in changes), str(comparison)

@@ -86,3 +86,29 @@ def test_used_inputs_and_skipped_constants():
   assert df.analyze(closed).used == (True, False)
   # With one leading input taken as a hoisted constant, it is nobody's origin.
   assert df.analyze(closed, skip=1).out_sources[0] == {}
+
+
+@pytest.mark.parametrize("make_key", [jax.random.PRNGKey, jax.random.key], ids=["raw", "typed"])
+def test_a_key_made_from_the_donated_key_is_linked_to_it_and_the_plan_says_so(make_key):
+  """`jax.random.split` / `fold_in` of a key (raw `uint32[2]` data, wrapped and unwrapped, or a
+  typed key) and the keys picked out of the split: each is derived from the input key."""
+
+  def f(key, other):
+    k1, k2 = jax.random.split(key)
+    return k1, jax.random.fold_in(k2, 3), jax.random.split(other)[0]
+
+  key = make_key(0)
+  out = flow(f, key, make_key(1)).out_sources
+  assert out[0] == {0: df.KEY} and out[1] == {0: df.KEY} and out[2] == {1: df.KEY}
+  assert df.ELEMENTWISE > df.KEY > 0
+  assert flow(lambda k: jax.random.bits(k, (2,), jnp.uint32), key).out_sources == ({},)
+  g = donate.jit(f, donate_argnums=0)
+  (d, kept) = g.plan(key, make_key(1)).decisions
+  assert d.cause == donate.Cause.DERIVED_KEY and d.output == "out[0]"
+  assert d.reason == "a PRNG key made from this key (split / fold_in)", d.reason
+  expected = jax.jit(f)(make_key(0), make_key(1))
+  got = g(key, make_key(1))  # the call's own (quick) plan agrees with the full one
+  assert key.is_deleted() and not kept.consumed
+  data = lambda k: jax.random.key_data(k) if jnp.issubdtype(k.dtype, jax.dtypes.prng_key) else k
+  for a, b in zip(got, expected):
+    assert (data(a) == data(b)).all()

@@ -4,6 +4,7 @@ Every check here runs the same code under `jax.jit` and under `donate.jit` and c
 sees: results, which arrays are consumed, staged objects and their members, errors and warnings.
 """
 
+import functools
 import inspect
 import pickle
 import warnings
@@ -233,6 +234,12 @@ def _as_a_function(jit):
   outer = jax.jit(lambda x: jit(scaled)(x, 2.0))
   return {
     "signature": str(inspect.signature(g)),
+    "signature, the object's own": str(inspect.signature(g, follow_wrapped=False)),
+    "__signature__": str(g.__signature__),
+    "signature of a partial": str(inspect.signature(jit(functools.partial(scaled, scale=s)))),
+    "__wrapped__": g.__wrapped__ is scaled,
+    "a method descriptor (bound as a method)": inspect.ismethoddescriptor(g),
+    "its type's name": type(g).__name__,
     "custom_jvp keyword": jvp(fresh(), scale=s),
     "custom_jvp jvp": jax.jvp(lambda x: jvp(x, scale=s), (fresh(),), (fresh(),))[1],
     "custom_vjp keyword grad": jax.grad(lambda x: vjp(x, scale=s).sum())(fresh()),
@@ -259,6 +266,34 @@ def test_the_function_object_behaves_as_jax_jits_in_pythons_and_jaxs_protocols()
   x = fresh(value=2.0)
   np.testing.assert_array_equal(g(x, 3.0), fresh(value=6.0))
   assert x.is_deleted()
+
+
+def test_tools_that_look_at_a_jitted_function_see_one_as_jax_jits():
+  """chex recognises a jitted function by its type's name (`asserts_internal.is_traceable`
+  looks for `PjitFunction` in `str(type(f))`; flax, equinox and haiku test no type, equinox's
+  module fields compare `type(jax.jit(f))` at import, which under the global patch is donate's).
+  A `donate.jit` function is one, named as JAX's so that chex's `assert_max_traces` refuses to
+  wrap it (it must be applied inside the jit) and counts the traces inside it, and its signature
+  is read without following `__wrapped__` (`chex.fake_pmap`)."""
+  g = donate.jit(scaled, donate_argnums=0)
+  assert "PjitFunction" in str(type(g)) and "PjitFunction" in str(type(jax.jit(scaled)))
+  assert isinstance(g, donate.transforms.JitWrapped)  # the documented type
+  assert str(inspect.signature(g, follow_wrapped=False)) == "(x, scale)"
+  assert inspect.signature(donate.transforms.JitWrapped).parameters.keys() == {"fun", "options"}
+
+
+def test_chex_sees_a_donate_jit_function_as_a_jax_jit_one():
+  chex = pytest.importorskip("chex")
+  with chex.fake_pmap():
+    out = jax.pmap(donate.jit(lambda x: x * 2.0))(jnp.ones((1, 3)))
+  np.testing.assert_array_equal(out, jnp.full((1, 3), 2.0))
+  for jit in (jax.jit, donate.jit):
+    with pytest.raises(ValueError, match="must not wrap"):
+      chex.assert_max_traces(jit(scaled), n=1)
+  g = donate.jit(chex.assert_max_traces(lambda x: x + 1.0, n=1))
+  g(fresh()), g(fresh())
+  with pytest.raises(AssertionError, match="traced > 1"):
+    g(fresh(4))
 
 
 # ---- modes and configuration ------------------------------------------------------------------

@@ -13,7 +13,7 @@ from donate._base import primitives as prims
 TABLES = {
     "IDENTITY": prims.IDENTITY, "VIEW": prims.VIEW, "ELEMENTWISE": prims.ELEMENTWISE,
     "IN_PLACE": prims.IN_PLACE, "CALL": prims.CALL, "CUSTOM": prims.CUSTOM, "LOOP": prims.LOOP,
-    "TRANSPARENT": prims.TRANSPARENT,
+    "TRANSPARENT": prims.TRANSPARENT, "PRNG_KEY": prims.PRNG_KEY, "KEY_PARTS": prims.KEY_PARTS,
     "TRACE_BACK_VIEWS": prims.TRACE_BACK_VIEWS,
 }
 

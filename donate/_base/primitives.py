@@ -1,6 +1,7 @@
 """What the package knows about primitives: one table of facts, and its own two primitives.
 
-The table (``IDENTITY``, ``VIEW``, ``ELEMENTWISE``, ``IN_PLACE``, ``CALL``, ``CUSTOM``, ``LOOP``)
+The table (``IDENTITY``, ``VIEW``, ``ELEMENTWISE``, ``IN_PLACE``, ``CALL``, ``CUSTOM``,
+``PRNG_KEY``, ``KEY_PARTS``, ``LOOP``)
 is the only place that names JAX primitives; every jaxpr walker (dataflow, liveness, the copy
 explanations, the symmetric-memory trace-back) reads it. Names are as jaxprs spell them; a few
 exist only in some JAX versions (``tests/test_primitives.py`` checks every name against the
@@ -66,6 +67,19 @@ CUSTOM = frozenset({
     "custom_transpose_call", "pure_callback", "io_callback", "ffi_call", "custom_call",
 })
 """Opaque producers (custom derivatives, callbacks, FFI): their outputs are new buffers together."""
+
+PRNG_KEY = frozenset({
+    "random_wrap", "random_unwrap", "random_split", "random_fold_in", "random_clone",
+})
+"""PRNG key operations: the key (or the raw `uint32` key data) each makes is derived from its
+first operand, a key or a key's data (`jax.random.split`, `fold_in`, `wrap_key_data`,
+`key_data`)."""
+
+KEY_PARTS = frozenset({
+    "slice", "squeeze", "reshape", "dynamic_slice", "gather", "broadcast_in_dim",
+})
+"""Ops that pick keys out of a batch of keys (`k1, k2 = jax.random.split(key)`): a key they
+pick is still derived from the key that batch was made from."""
 
 LOOP = frozenset({"scan", "while"})
 """Loops; ``donate._base.loops.loop_layout`` decodes their operands."""

@@ -4,6 +4,7 @@ shapes, dtypes and shardings."""
 from __future__ import annotations
 
 import numbers
+import re
 
 
 def is_symbolic(n) -> bool:
@@ -122,3 +123,20 @@ def _sharding_str(sharding) -> str:
   if kind not in (None, "device"):
     text += f"@{kind}"
   return text
+
+
+def key_path(path) -> str:
+  """A leaf's key path as JAX names it in `args_info` and its debug info: `keystr`, with a child
+  of a pytree node registered without keys (`tree_util.register_pytree_node`, as
+  `jax.example_libraries.optimizers.OptimizerState`) by its index, `[0]`, not keystr's
+  `[<flat index 0>]`.
+
+  >>> from jax import tree_util
+  >>> key_path((tree_util.DictKey("w"), tree_util.FlattenedIndexKey(0)))
+  "['w'][0]"
+  """
+  text = "".join(map(str, path))  # keystr, without its overhead
+  return _FLAT_INDEX.sub(r"\1", text) if "<flat index " in text else text
+
+
+_FLAT_INDEX = re.compile(r"<flat index ([^>]+)>")  # as JAX's linear_util cleans it

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -64,21 +64,9 @@ class Binding:
     self.donate_nums = frozenset(donate_nums)
     self.donate_names = frozenset(donate_names)
     self.has_static = bool(self.static_nums or self.static_names)
-    try:
-      signature = inspect.signature(fun)
-    except (TypeError, ValueError):
-      signature = None
-    self.param_names = (
-      []
-      if signature is None
-      else [
-        p.name
-        for p in signature.parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-      ]
-    )
+    self.names = ArgumentNames.read(fun)
     # what a call's paths and donated leaves depend on beside its structure (`structure`)
-    self._key = (tuple(self.param_names), self.donate_nums, self.donate_names)
+    self._key = (self.names, self.donate_nums, self.donate_names)
 
   def bind(self, args: tuple, kwargs: dict) -> Call:
     if not self.has_static:
@@ -111,9 +99,6 @@ class Binding:
     leaves, treedef = tree_util.tree_flatten((args, kwargs))
     return Call(leaves, treedef, treedef, tuple(range(len(args))), tuple(sorted(kwargs)))
 
-  def arg_name(self, position: int) -> str:
-    return self.param_names[position] if position < len(self.param_names) else f"args[{position}]"
-
   def paths(self, call: Call) -> list[str]:
     """Each leaf's path: the parameter name, then the key path inside it (`params['w']`).
 
@@ -144,7 +129,7 @@ class Binding:
   def _read_structure(self, call: Call) -> tuple[tuple[str, ...], dict[int, Request]]:
     paths: list[str] = [""] * len(call.leaves)
     for name, start, stop, subtree in self._arguments(call):
-      name = self.arg_name(name) if isinstance(name, int) else name
+      name = self.names.of(name)
       paths[start:stop] = [name + k for k in key_paths(subtree, call.leaves[start:stop])]
     donated = {}
     for name, start, stop, _ in self._arguments(call, donated=True):
@@ -183,6 +168,51 @@ class Binding:
     return tuple(new_args), new_kwargs
 
 
+class ArgumentNames(NamedTuple):
+  """How JAX names a call's arguments in `args_info` and its debug info: a positional parameter
+  by its name, one taken by `*args` as `args[0]`, `args[1]`, ... (the first argument past the
+  named ones is `args[0]`), a keyword taken by `**kw` as `kw['name']`; with no signature,
+  `args[i]` by position and `kwargs['name']`.
+
+  >>> import inspect
+  >>> names = ArgumentNames.read(lambda state, *xs, **kw: 0)
+  >>> names.of(0), names.of(1), names.of(2), names.of("state"), names.of("lr")
+  ('state', 'xs[0]', 'xs[1]', 'state', "kw['lr']")
+  >>> ArgumentNames.read(print).of(1), ArgumentNames.read(max).of("key")
+  ('args[1]', "kwargs['key']")
+  """
+
+  positional: tuple[str, ...]
+  keywords: frozenset[str]
+  var_positional: str
+  var_keyword: str | None
+
+  @classmethod
+  def read(cls, fun) -> ArgumentNames:
+    """The names of `fun`'s parameters, as `inspect.signature` gives them."""
+    try:
+      params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+      return cls((), frozenset(), "args", "kwargs")
+    kinds = {p.kind: p.name for p in params}
+    positional = tuple(p.name for p in params if p.kind in _POSITIONAL)
+    keywords = frozenset(p.name for p in params if p.kind not in _VARIADIC)
+    var_positional = kinds.get(inspect.Parameter.VAR_POSITIONAL, "args")
+    return cls(positional, keywords, var_positional, kinds.get(inspect.Parameter.VAR_KEYWORD))
+
+  def of(self, name: int | str) -> str:
+    """The name of the argument at this position, or passed by this keyword."""
+    if isinstance(name, int):
+      n = len(self.positional)
+      return self.positional[name] if name < n else f"{self.var_positional}[{name - n}]"
+    if name in self.keywords or self.var_keyword is None:
+      return name
+    return f"{self.var_keyword}[{name!r}]"
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
 _KEY_PATHS: dict[Any, tuple[str, ...]] = {}  # treedef -> its leaves' key paths, as text
 _STRUCTURES: dict[tuple, tuple[tuple[str, ...], dict[int, Request]]] = {}  # `Binding.structure`
 
@@ -198,7 +228,7 @@ def key_paths(treedef, leaves) -> tuple[str, ...]:
     found, cacheable = None, False
   if found is None:
     flat = tree_util.tree_flatten_with_path(tree_util.tree_unflatten(treedef, leaves))[0]
-    found = tuple("".join(map(str, kp)) for kp, _ in flat)  # keystr, without its overhead
+    found = tuple(_text.key_path(kp) for kp, _ in flat)
     if cacheable:
       if len(_KEY_PATHS) >= 256:  # a bound: a treedef keeps its nodes' metadata alive
         _KEY_PATHS.clear()

@@ -16,6 +16,7 @@ planned never runs unplanned. A function that donates no argument traces as `jax
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
 import os
 import threading
@@ -42,6 +43,16 @@ from donate._plan import donation_plan as _donation_plan
 _compat.hide_from_tracebacks(
   _compat.PACKAGE_DIR, shown=(os.path.join(_compat.PACKAGE_DIR, "_examples.py"),)
 )  # the demo's programs
+
+
+class _Signature:
+  """`f.__signature__`: the function's signature, as `jax.jit`'s functions carry it. `inspect`
+  reads it first; without it, it takes a callable with `__get__` for a built-in method descriptor
+  and `inspect.signature(f, follow_wrapped=False)` (as `chex.fake_pmap` calls it) raises. The
+  class itself has none (`inspect.signature(PjitFunction)` reads its `__init__`)."""
+
+  def __get__(self, obj, objtype=None) -> inspect.Signature | None:
+    return None if obj is None else inspect.signature(obj._fn.fun)
 
 
 class JitWrapped:
@@ -205,7 +216,7 @@ class JitWrapped:
     _into.check_buffers(out)
     with self._lock:
       if self._into is None:
-        self._into = JitWrapped(
+        self._into = PjitFunction(
           _into.with_out(self._fn.fun, self._fn.name), self._fn.options.with_leading_argument()
         )
       return _into.Into(self._into, out)
@@ -243,6 +254,16 @@ class JitWrapped:
 
   def __reduce__(self):
     return (_restore, (self._fn.fun, self._fn.options.keywords()))
+
+
+class PjitFunction(JitWrapped):
+  """The type of a `donate.jit` function, named as `jax.jit`'s (`jaxlib`'s `PjitFunction`): tools
+  that recognise a jitted function by its type's name (chex's `assert_max_traces`, which must be
+  applied inside the jit, and `fake_pmap` through `is_traceable`) recognise this one, which
+  traces, caches and lowers as `jax.jit`'s does. Its members are `JitWrapped`'s."""
+
+  __slots__ = ()
+  __signature__ = _Signature()  # the function's, as `jax.jit`'s functions carry it
 
 
 _eval_shape.install(JitWrapped)  # jax.eval_shape(f) of a donate.jit f: f's own out_info
@@ -430,6 +451,6 @@ def jit(
   def wrap(f: Callable) -> JitWrapped:  # one Options per function, as jit(f, ...) makes
     options = (donate_argnums, donate_argnames, strict, adopt_inner_donation, copy_threshold)
     kwargs = dict(jax_jit_kwargs)
-    return JitWrapped(f, _options.Options(*options, symmetric_placement, kwargs, _patched()))
+    return PjitFunction(f, _options.Options(*options, symmetric_placement, kwargs, _patched()))
 
   return wrap if fun is None else wrap(fun)

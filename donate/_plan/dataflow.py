@@ -39,6 +39,7 @@ IDENTITY = 6  # the output is the input buffer itself
 UPDATE = 5  # dynamic_update_slice / scatter into the input
 CARRY = 4  # a loop carry that starts as the input
 ELEMENTWISE = 2  # an elementwise op of the input
+KEY = 1  # a PRNG key made from the input key (`_primitives.PRNG_KEY`), or picked out of a batch
 
 # Calls whose single sub-jaxpr takes the equation's operands one to one.
 _CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
@@ -127,6 +128,17 @@ def _elementwise(eqn, operand_sources: list[dict[int, int]]) -> dict[int, int]:
     if s and getattr(v.aval, "shape", None) == shape:
       same = s if same is None else _merge(same, s)
   return _EMPTY if same is None else _cap(same, ELEMENTWISE)
+
+
+def key_sources(name: str, ins: list[dict[int, int]], n_out: int) -> list[dict[int, int]] | None:
+  """The sources of a PRNG key operation's results (`_primitives.PRNG_KEY`: a key, or a key's
+  data, made from its first operand's key), or of an op that picks keys out of a batch of keys
+  (`_primitives.KEY_PARTS`: only the KEY links pass); None for any other operation."""
+  if name in _primitives.PRNG_KEY and ins and ins[0]:
+    return [dict.fromkeys(ins[0], KEY)] + [_EMPTY] * (n_out - 1)
+  if name in _primitives.KEY_PARTS and ins and KEY in ins[0].values():
+    return [{k: s for k, s in ins[0].items() if s == KEY}] + [_EMPTY] * (n_out - 1)
+  return None
 
 
 _EMPTY: dict[int, int] = {}  # the sources of a literal or an unknown value (never mutated)
@@ -234,6 +246,9 @@ class _Walker:
       return [(None, _cap(ins[0][1], UPDATE))] + [(None, {})] * (len(eqn.outvars) - 1)
     if name in _primitives.ELEMENTWISE and len(eqn.outvars) == 1:
       return [(None, _elementwise(eqn, [s for _, s in ins]))]
+    keys = key_sources(name, [s for _, s in ins], len(eqn.outvars))
+    if keys is not None:
+      return [(None, s) for s in keys]
     if name == "scan":
       return self._scan(eqn, ins)
     if name == "while":

@@ -97,7 +97,8 @@ class Cause(enum.StrEnum):
   `jax_debug_nans` is on). Unused: `UNUSED` (the computation does not read it).
 
   Aliased, by the dataflow link that paired it: `EXPLICIT_ALIAS`, `RETURNED_UNCHANGED`,
-  `UPDATED_IN_PLACE`, `LOOP_CARRY`, `ELEMENTWISE_UPDATE`, `SAME_SHAPE_AND_DTYPE` (no link); after
+  `UPDATED_IN_PLACE`, `LOOP_CARRY`, `ELEMENTWISE_UPDATE`, `DERIVED_KEY` (a PRNG key made from
+  this key by `jax.random.split` / `fold_in`), `SAME_SHAPE_AND_DTYPE` (no link); after
   compiling, `XLA_OTHER_OUTPUT` (XLA put another output in it than planned) and `DONOR_REUSED`
   (a donor XLA reused, or a requested leaf the compiled program aliases all the same).
 
@@ -133,6 +134,7 @@ class Cause(enum.StrEnum):
   UPDATED_IN_PLACE = enum.auto()
   LOOP_CARRY = enum.auto()
   ELEMENTWISE_UPDATE = enum.auto()
+  DERIVED_KEY = enum.auto()
   SAME_SHAPE_AND_DTYPE = enum.auto()
   XLA_OTHER_OUTPUT = enum.auto()
   DONOR_REUSED = enum.auto()

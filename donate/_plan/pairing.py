@@ -63,6 +63,7 @@ _STRENGTH = {
   ),
   dataflow.CARRY: (Cause.LOOP_CARRY, "loop carry updated in place"),
   dataflow.ELEMENTWISE: (Cause.ELEMENTWISE_UPDATE, "elementwise update of this input"),
+  dataflow.KEY: (Cause.DERIVED_KEY, "a PRNG key made from this key (split / fold_in)"),
   0: (Cause.SAME_SHAPE_AND_DTYPE, "same shape and dtype (no dataflow link)"),
 }
 

@@ -92,7 +92,7 @@ def _walk(jaxpr, sources_in: list[dict[int, int]]) -> list[dict[int, int]]:
     elif name in _primitives.ELEMENTWISE and len(outvars) == 1:
       outs = [dataflow._elementwise(eqn, ins)]  # noqa: SLF001
     else:
-      outs = _call(eqn, ins)
+      outs = dataflow.key_sources(name, ins, len(outvars)) or _call(eqn, ins)
     sources.update(zip(outvars, outs))
   return [_EMPTY if isinstance(v, literal) else get(v, _EMPTY) for v in jaxpr.outvars]
 

@@ -3,7 +3,8 @@
 The vocabulary (`CATEGORIES`):
 
 - an argument is **parameters** when the step returns it updated (an output is computed from it,
-  `flow.Flow.computed_from`), from a value of a backward pass, and a forward pass reads it;
+  `flow.Flow.computed_from`), from a value of a backward pass, and a forward pass reads it, or
+  a trial point made from it (a line search's `x + t * d`: jaxopt's solvers);
   **optimizer state** when it is updated from a backward pass's value but no forward pass reads
   it (Adam's `mu` and `nu`); **state** when it is updated otherwise (a KV cache, a loop's carry,
   a step counter); **inputs** when no output is computed from it (a batch);
@@ -103,8 +104,22 @@ def pair(flow: Flow, params, outs, module: _hlo.Module) -> Pairing:
 
 
 def _reads_forward(flow: Flow, module: _hlo.Module, number: int) -> bool:
+  """Whether a forward pass reads the argument, or a trial point made from it: a value of its
+  shape that one instruction outside the passes computes from it (`x + t * d`, as a line
+  search evaluates: jaxopt's solvers, which keep the parameters' gradient in their state)."""
   param = module.entry.parameter(number)
-  return param is not None and "forward" in flow.reader_phases(param)
+  if param is None:
+    return False
+  readers: list = []
+  if "forward" in flow.reader_phases(param, readers=readers):
+    return True
+  return any(
+    r.shape.dims == param.shape.dims
+    and r.opcode not in ("while", "call", "conditional")
+    and flow.phase_of(r) == "other"
+    and "forward" in flow.reader_phases(r)
+    for r in readers
+  )
 
 
 def argument_categories(flow: Flow, module: _hlo.Module, params, pairing: Pairing) -> dict:

@@ -90,8 +90,7 @@ class Flow:
     return [(user, k) for user, k, element in self.uses(instr) if element is None]
 
   def operand(self, instr: _hlo.Instruction, j: int, index: tuple = ()):
-    """(instruction, index) of `instr`'s operand `j` within the value at `index` of it: an
-    operand spelled `name#k` is element `k` of `name`."""
+    """(instruction, index) of `instr`'s operand `j` at `index` (`name#k`: element `k` of it)."""
     base, element = _hlo.tuple_element(instr.operands[j])
     found = self.module.find(base, instr.computation)
     return found, (index if element is None else (element,) + index)
@@ -175,9 +174,10 @@ class Flow:
       element, index = self.operand(element, 0, (element.index,))
     return element is not None and element.opcode == "parameter" and index == (k,)
 
-  def reader_phases(self, instr: _hlo.Instruction, index: tuple = ()) -> set[str]:
+  def reader_phases(self, instr: _hlo.Instruction, index: tuple = (), readers=None) -> set[str]:
     """The phases of the computing instructions that read the value (through the instructions
-    that move it); "output" when it is returned."""
+    that move it), added to the list `readers` if given; "output" when it is returned."""
+    readers = [] if readers is None else readers
     found: set[str] = set()
     todo, seen = [(instr, index, 0)], set()
     while todo:
@@ -211,10 +211,12 @@ class Flow:
           todo.append((user, rest, depth + 1))
         elif user.opcode == "fusion":
           found |= _fused_phases(self, user, k) | {self.phase_of(user)}
+          readers.append(user)
           if _joins_only(self, user):  # XLA:GPU's weights joined for one matmul: its readers
             todo.append((user, (), depth + 1))
         else:
           found.add(self.phase_of(user))
+          readers.append(user)
           todo += [(p, rest, depth + 1) for p in _entered(self, user, k)]  # its readers inside
       if at.is_root and comp.is_entry is False:
         for caller, _ in self.module.callers.get(at.computation, []):

@@ -33,6 +33,9 @@ from donate._xla import hlo as _hlo
 
 # "About the same size": the temporary is within this fraction of the donated buffer.
 TOLERANCE = 0.125
+# A donated buffer below this fraction of the peak is not what keeps the peak high: its shadow
+# is not listed (a transformer step's 64 KiB and 512 B temporaries at a 190 MiB peak).
+SMALL = 0.01
 _FORWARD = ("bitcast", "copy", "get-tuple-element", "tuple", "reshape")
 
 
@@ -92,7 +95,8 @@ def shadows(
 ) -> tuple[Shadow, ...]:
   """The aliased arguments with a temporary of about their size live beside them at the peak
   from which their output is computed (the dataflow: a temporary that merely has their size is
-  never named), each temporary named once, largest buffers first.
+  never named), each temporary named once, largest buffers first; an argument of less than
+  `SMALL` (1%) of the peak is left out.
 
   `params` are the argument entries; `live` pairs each temporary entry at the peak with its
   `reading.Buffer` (whose values may feed the output under other names: a loop's carry).
@@ -109,7 +113,7 @@ def shadows(
   found, used = [], set()
   for a in sorted(filter(reading.on_device, dump.allocations), key=lambda a: -a.nbytes):
     entry = by_number.get(reading.parameter_number(a))
-    if entry is None:
+    if entry is None or entry.nbytes < SMALL * peak_bytes:
       continue
     written = [v[0] for v in a.values if 2 * v[1] >= a.nbytes]  # full-size values in the buffer
     idle = not any(_live_at(dump, name, peak) for name in written)

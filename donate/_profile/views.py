@@ -5,6 +5,7 @@ from __future__ import annotations
 import html as _html
 
 from donate._base.text import format_bytes
+from donate._profile import shadow as _shadow
 from donate._profile.naming import middle
 from donate._profile.treemap import packing, treemap
 
@@ -177,7 +178,11 @@ def text(p) -> str:
   if p.could_donate:
     lines += ["", "could donate:"] + ["  " + _clip(str(s), WIDTH - 2) for s in p.could_donate]
   if p.shadowed:
-    lines += ["", "donations with a temporary of their size beside them at the peak:"]
+    lines += [
+      "",
+      "donations with a temporary of their size beside them at the peak "
+      f"(each {_shadow.SMALL:.0%} of it or more):",
+    ]
     for s in p.shadowed:
       lines += _wrap(f"{s.path} -> {s.output}: {s}", WIDTH - 2, "  ")
   if p.saving_measured and p.not_lowered:
