@@ -299,6 +299,7 @@ TRIGGERS = {
     "offsets-not-int": lambda: planner.assign_offsets([1.5], [0], [1]),
     # memory profiles
     "profile-not-jitted": lambda: donate.memory_profile(lambda x: x, 1.0),
+    "profile-an-array": lambda: donate.memory_profile(jnp.ones(3)),
     "profile-no-buffer-assignment": lambda: donate.memory_profile(
         jax.jit(jnp.sin).lower(h100_arg()).compile()),
     "profile-unknown-device": lambda: donate.memory_profile(jax.jit(jnp.sin), arr()).fits("a100"),
