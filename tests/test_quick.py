@@ -245,7 +245,7 @@ def _leaves_of(sizes):
   return [jnp.full((n,), float(k)) for k, n in enumerate(sizes)]
 
 
-# name -> (step, leaf sizes in elements)
+# name -> (the input each output is computed from, `order(n)`; leaf sizes in elements)
 NOT_MIRRORED = {
   "reversed": (_reversed, [SMALL] * 12),
   "shuffled": (_shuffled, [SMALL] * 12),
