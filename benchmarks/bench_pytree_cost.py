@@ -6,11 +6,14 @@ for N = 10, 100, 1000, 10000. On the "native" path output k is computed from inp
 first come, first served gives: `jax.jit`'s own program runs); on the "re-paired" path output k is
 computed from input N-1-k, so donate pairs every leaf otherwise than `jax.jit` (with
 `copy_threshold=0`: these 256-byte leaves are under the default 64 KiB) and runs the gate's own
-lowering with its aliases set. `--paths re-paired-64k` (not run by default) is the same step on
-float32[16384] leaves (64 KiB each) at the default `copy_threshold`: the re-pairing donate makes
-on its own, where `jax.jit`'s first-come program copies every leaf. The cached call times a loop
-of calls that feed each call's result to the next (1000 calls up to 100 leaves, 200 up to 1000,
-20 at 10,000). Every
+lowering with its aliases set. The "reversed-small" path is the re-paired step at the default
+`copy_threshold`: outputs that do not mirror the inputs (a step returning `grads, new_params`, a
+reordered optimizer state), leaves under 64 KiB, where `jax.jit`'s own first-come program runs
+(the path most small-leaf pytrees take). `--paths re-paired-64k` (not run by default) is the
+same step on float32[16384] leaves (64 KiB each) at the default `copy_threshold`: the re-pairing
+donate makes on its own, where `jax.jit`'s first-come program copies every leaf. The cached call
+times a loop of calls that feed each call's result to the next (1000 calls up to 100 leaves, 200
+up to 1000, 20 at 10,000). Every
 sample builds fresh functions (no cache helps either side) and runs one of each back to back,
 `jax.jit` first ("in order") or donate.jit first ("swapped"); the table gives the median ratio
 over the pairs. Each sample starts after
@@ -28,7 +31,8 @@ and R interleaved rounds of two warm ones (cached call), with the ratios' quarti
 printed to stderr as it is measured), then the 10-leaf native cached call split: donate.jit's,
 its C++ dispatch alone, and `jax.jit`'s behind one Python frame (`frame_share`). Run:
   python benchmarks/bench_pytree_cost.py [--sizes 10,100,1000,10000] [--repeats 7] [--layers 24]
-      [--paths native,re-paired[,re-paired-64k]] [--lower-pairs 201] [--pairs 101 --rounds 201]
+      [--paths native,re-paired,reversed-small[,re-paired-64k]] [--lower-pairs 201]
+      [--pairs 101 --rounds 201 [--min-pairs 5] [--rounds-10000 R]]
 """
 
 from __future__ import annotations
@@ -65,8 +69,9 @@ PATHS = {
   "native": ({}, 64),
   "re-paired": ({"copy_threshold": 0}, 64),
   "re-paired-64k": ({}, 16384),
+  "reversed-small": ({}, 64),
 }
-DEFAULT_PATHS = ("native", "re-paired")
+DEFAULT_PATHS = ("native", "re-paired", "reversed-small")
 
 
 def _jit_for(jit, path: str):
@@ -375,18 +380,26 @@ def _cell(theirs: list, ours: list, unit: float, digits: int) -> str:
           f"({q1:.2f}-{q3:.2f})")
 
 
-def paired_table(sizes, pairs: int, rounds: int, paths=DEFAULT_PATHS) -> str:
+def paired_table(
+  sizes, pairs: int, rounds: int, paths=DEFAULT_PATHS, min_pairs: int = 5, rounds_10000: int = 0
+) -> str:
   """Every size and path: `lower()` and the first call over interleaved pairs of fresh functions
-  (`pairs` up to 100 leaves, a fifth of it at 1000, a tenth at 10,000; at least 5), and the
-  cached call over `rounds` interleaved rounds of two warm functions. Each cell: `jax.jit`'s
-  median time, then the median of the pairs' (rounds') ratios with their quartiles."""
+  (`pairs` up to 100 leaves, a fifth of it at 1000, a tenth at 10,000; at least `min_pairs`: a
+  first call of 10,000 leaves whose program copies every buffer compiles for minutes; no warm-up
+  pairs at 10,000), and the cached call over `rounds` interleaved rounds of two warm functions
+  (`rounds_10000` at 10,000 when given). Each cell: `jax.jit`'s median time, then the median of
+  the pairs' (rounds') ratios with their quartiles."""
   rows = []
   for n in sizes:
-    p = pairs if n <= 100 else max(5, pairs // (5 if n <= 1000 else 10))
+    p = pairs if n <= 100 else max(min_pairs, pairs // (5 if n <= 1000 else 10))
+    r = rounds_10000 if n >= 10_000 and rounds_10000 else rounds
     for path in paths:
-      cells = [_cell(*_paired(n, what, p, path), 1e3, 1) for what in ("lower()", "first call")]
-      cells.append(_cell(*_cached_rounds(n, rounds, path), 1e6, 1))
-      rows.append(f"| {n} | {path} | {p} / {rounds} | " + " | ".join(cells) + " |")
+      warmup = 3 if n < 10_000 else 0  # a pair there is seconds to minutes; smaller sizes warmed
+      cells = [
+        _cell(*_paired(n, what, p, path, warmup), 1e3, 1) for what in ("lower()", "first call")
+      ]
+      cells.append(_cell(*_cached_rounds(n, r, path), 1e6, 1))
+      rows.append(f"| {n} | {path} | {p} / {r} | " + " | ".join(cells) + " |")
       print(rows[-1], file=sys.stderr, flush=True)  # progress: a row of 10,000 leaves is minutes
   jax_us, ratio = _cell(*_cached_rounds(10, rounds, "native", donated=None), 1e6, 1).split(" | ")
   undonated = (f"Cached call of the 10-leaf native step donating nothing (no frame of donate's "
@@ -429,11 +442,14 @@ def main(argv=None) -> None:
   parser.add_argument("--lower-pairs", type=int, default=0)
   parser.add_argument("--pairs", type=int, default=0)
   parser.add_argument("--rounds", type=int, default=41)
+  parser.add_argument("--min-pairs", type=int, default=5)
+  parser.add_argument("--rounds-10000", type=int, default=0, help="cached-call rounds at 10,000")
   args = parser.parse_args(argv)
   print(f"Machine: {_demo.machine()}\n")
   if args.pairs:
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(paired_table(sizes, args.pairs, args.rounds, tuple(args.paths.split(","))))
+    paths = tuple(args.paths.split(","))
+    print(paired_table(sizes, args.pairs, args.rounds, paths, args.min_pairs, args.rounds_10000))
     return
   if args.lower_pairs:
     sizes = [int(s) for s in args.sizes.split(",")]

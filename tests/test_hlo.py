@@ -198,6 +198,15 @@ def test_input_output_alias_header():
   m = _hlo.parse_module(WHILE)
   assert m.name == "jit_f" and m.aliases == {1: (0,), 0: (1,)}
   assert _hlo.parse_module(SYNC_S7).aliases == {}
+  header = (  # tuple output indices, a parameter's own index, spacing as printed or not
+    "HloModule m, input_output_alias={ {0,1}: (2, {1}, may-alias),{2}: (0, {0, 1}, must-alias), "
+    "{}: (3, {}, may-alias) }, entry_computation_layout={(f32[4]{0})->f32[4]{0}}"
+  )
+  assert _hlo.input_output_aliases(header) == {2: (0, 1), 0: (2,), 3: ()}
+  wide = ", ".join(f"{{{k}}}: ({k}, {{}}, may-alias)" for k in range(2000))
+  assert _hlo.input_output_aliases(f"HloModule m, input_output_alias={{ {wide} }}") == {
+    k: (k,) for k in range(2000)
+  }
 
 
 # jaxlib 0.12's dumped module (`*after_optimizations.txt`; `as_text()` still prints the

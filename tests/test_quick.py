@@ -221,3 +221,105 @@ def test_static_arguments_names_keywords_and_closed_over_constants_route_quickly
   assert (got[0].unsafe_buffer_pointer(), got[1].unsafe_buffer_pointer()) == (pb, pa)
   for x, y in zip(got, want, strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+# The path most small-leaf pytrees take: outputs that do not mirror the donated inputs, leaves
+# under the default copy_threshold (64 KiB), so `jax.jit`'s own first-come program runs.
+SMALL, LARGE = 64, 1 << 14  # float32 elements: 256 bytes, and 64 KiB (at the threshold)
+
+
+def _reversed(n):
+  return list(range(n))[::-1]
+
+
+def _shuffled(n):
+  return [int(k) for k in np.random.default_rng(0).permutation(n)]
+
+
+def _step(order):
+  """Output j computed from input `order(n)[j]` alone."""
+  return lambda xs: [xs[k] * 1.5 + 1.0 for k in order(len(xs))]
+
+
+def _leaves_of(sizes):
+  return [jnp.full((n,), float(k)) for k, n in enumerate(sizes)]
+
+
+# name -> (the input each output is computed from, `order(n)`; leaf sizes in elements)
+NOT_MIRRORED = {
+  "reversed": (_reversed, [SMALL] * 12),
+  "shuffled": (_shuffled, [SMALL] * 12),
+  "mixed sizes around the threshold": (
+    _shuffled,
+    [LARGE - 1, LARGE, LARGE + 1, SMALL] * 3,  # 64 KiB - 4 bytes, 64 KiB, 64 KiB + 4 bytes
+  ),
+  "a few large among small": (_reversed, [SMALL] * 5 + [2 * LARGE] + [SMALL] * 5 + [2 * LARGE]),
+  "same sizes, large reversed": (_reversed, [2 * LARGE, SMALL, SMALL, 2 * LARGE]),
+}
+
+
+def _routed_small(prep) -> bool:
+  """Whether the quick route took `jax.jit`'s first-come pairs from sizes alone (every requested
+  leaf under copy_threshold), deciding the plan's pairing when it is made."""
+  return prep.quick is not None and prep.planned._make.why is None
+
+
+@pytest.mark.parametrize("case", sorted(NOT_MIRRORED))
+@pytest.mark.parametrize("donated", ["all", "every other", "none"])
+def test_outputs_that_do_not_mirror_the_inputs_route_as_the_full_planner(case, donated):
+  step, sizes = _step(NOT_MIRRORED[case][0]), NOT_MIRRORED[case][1]
+  xs = _leaves_of(sizes)
+  g = donate.jit(lambda xs, ys: step(xs) + ys, donate_argnums=(0, 1) if donated == "all" else 1)
+  ys = list(xs[::2]) if donated == "every other" else []
+  if donated == "every other":
+    xs = [x for k, x in enumerate(xs) if k % 2]
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # a plain program: nothing unusable, nothing to warn of
+    quick, full = _prepared(g, [x.copy() for x in xs], [y.copy() for y in ys])
+  assert quick is not None
+  small = all(int(x.nbytes) < (1 << 16) for x in (xs if donated == "all" else []) + ys)
+  assert _routed_small(quick) == small  # (read before the plan is made)
+  _assert_same_route(quick, full)
+  assert quick.jax_own == (small or full.jax_own)
+
+
+@pytest.mark.parametrize("case", sorted(NOT_MIRRORED))
+def test_the_not_mirrored_path_donates_and_aliases_as_jax_jit(case):
+  """Physically: the call consumes every input, as `jax.jit`'s does; each output under
+  copy_threshold lives where `jax.jit`'s does when every leaf is under it (`jax.jit`'s own
+  program), and each output of at least copy_threshold bytes in the buffer of the input it is
+  computed from (re-paired where `jax.jit` pairs first come, first served)."""
+  order, sizes = NOT_MIRRORED[case]
+  homes = {}
+  for jit in (jax.jit, donate.jit):
+    xs = _leaves_of(sizes)
+    ptr = {x.unsafe_buffer_pointer(): k for k, x in enumerate(xs)}
+    g = jit(_step(order), donate_argnums=0)
+    assert "main" in g.lower(xs).as_text()
+    out = g(xs)
+    assert all(x.is_deleted() for x in xs)
+    homes[jit] = [ptr.get(y.unsafe_buffer_pointer()) for y in out]
+    for y, w in zip(out, _step(order)(_leaves_of(sizes)), strict=True):
+      np.testing.assert_array_equal(np.asarray(y), np.asarray(w))
+  large = [j for j, k in enumerate(order(len(sizes))) if 4 * sizes[k] >= 1 << 16]
+  if not large:
+    assert homes[donate.jit] == homes[jax.jit]
+  for j in large:
+    assert homes[donate.jit][j] == order(len(sizes))[j]
+
+
+def test_a_small_not_mirrored_lower_makes_no_plan_and_the_plan_says_why_it_pairs_first_come():
+  xs = _leaves_of([SMALL] * 6)
+  g = donate.jit(_step(_reversed), donate_argnums=0)
+  lowered = g.lower(xs)
+  prep = lowered._prep
+  assert _routed_small(prep) and prep.jax_own and prep.planned._plan is None
+  assert prep.quick.pairs == {k: k for k in range(6)}  # jax.jit's first come, first served
+  plan = lowered.plan  # made when read: dataflow would pair input k with output 5 - k
+  assert plan.pairs() == {k: k for k in range(6)} and "copy_threshold" in plan.notes[0]
+  quick, full = _prepared(g, xs)
+  _assert_same_route(quick, full)
+  native = donate.jit(lambda xs: [x + 1 for x in xs], donate_argnums=0)
+  quick, full = _prepared(native, xs)
+  assert _routed_small(quick) and not quick.plan.notes  # dataflow's pairs: jax.jit's own
+  _assert_same_route(quick, full)

@@ -6,7 +6,11 @@ Most calls are plain (device arrays on one device, outputs whose shardings the p
 no annotations, donation asked for by `donate_argnums`/`donate_argnames` alone, every requested
 leaf paired, a donor or unread); for those `prepare` routes from the pairs `_plan.quick` finds,
 and the plan is made when first read (`signature.LazyPlan`: by `.plan`, a compile, a call), so
-`trace()` and `lower()` make none. Any other call returns None and `signature.prepare` plans it.
+`trace()` and `lower()` make none. When every requested leaf is under `copy_threshold`,
+`jax.jit`'s own program runs the call whatever dataflow pairs (a pair that differs from its
+first-come one costs a copy smaller than the threshold): the route is found from the leaves' sizes
+alone (`_plan.quick.first_come_of`), and whether the plan pairs by dataflow or first come is
+decided when it is made. Any other call returns None and `signature.prepare` plans it.
 A call, or `.plan()`, compiles and reads the plan at once: the wrapper plans those in full.
 
 The plan made later is the one `signature.prepare` makes from the same facts (the argument
@@ -28,6 +32,7 @@ from donate._jit import facts as _facts
 from donate._jit import route as _route
 from donate._jit import signature as _signature
 from donate._plan import quick as _quick
+from donate._plan.decision_types import Action
 
 CHECK = bool(os.environ.get("DONATE_CHECK_QUICK"))
 
@@ -59,23 +64,48 @@ def _prepare(fn: _facts.Function, call: _binding.Call, traced) -> _signature.Pre
     return None
   paths, donated = fn.binding.structure(call)  # (a pytree class may check its children)
   requested = frozenset(donated)
-  found = _quick.pairs_of(flow, leaves, outputs, requested, options.keep_unused)
-  if found is None:
+  route = _route_of(fn.options, flow, leaves, outputs, requested)
+  if route is None:
     return None
-  prepared = _routed(fn, call, traced, paths, arrays, flow, requested, in_sh, leaves, *found)
+  prepared = _routed(fn, call, traced, paths, arrays, flow, requested, in_sh, *route)
   if CHECK:
     check(prepared, _signature.prepare(fn, call, traced))
   return prepared
 
 
-def _routed(fn, call, traced, paths, arrays, flow, requested, in_sh, leaves, pairs, donors, fcfs):
+def _route_of(options, flow, leaves, outputs, requested):
+  """`(pairs, donors, fcfs, why)`: the plan's pairs and buffer donors, `jax.jit`'s first-come
+  pairs, and why `jax.jit`'s own program runs it ("" where the plan's pairs are `jax.jit`'s or
+  re-paired; None where it runs `jax.jit`'s own program, the plan pairing by dataflow or first
+  come as `_Later` decides); None where the plan (or `jax.jit`'s first-come one that runs it)
+  leaves a requested leaf unusable.
+
+  When every requested leaf is under `copy_threshold`, no pair can differ from `jax.jit`'s in a
+  buffer worth its copy: `jax.jit`'s own program runs the call whatever dataflow pairs, so only
+  its first-come pairs are found (from sizes, without the dataflow's links)."""
+  keep_unused, threshold = options.keep_unused, options.copy_threshold
+  if all(leaves[i][2] < threshold for i in requested):
+    first = _quick.first_come_of(flow, leaves, outputs, requested, keep_unused)
+    return None if first is None else (*first, first[0], None)
+  found = _quick.pairs_of(flow, leaves, outputs, requested, keep_unused)
+  if found is None:
+    return None
+  pairs, donors, fcfs = found
+  why = "" if fcfs == pairs else _small_difference(threshold, leaves, pairs, fcfs)
+  if not why:
+    return pairs, donors, fcfs, why
+  first = _quick.first_come_of(flow, leaves, outputs, requested, keep_unused)
+  return None if first is None else (*first, fcfs, why)  # the first-come plan runs
+
+
+def _routed(fn, call, traced, paths, arrays, flow, requested, in_sh, pairs, donors, fcfs, why):
   """The `Prepared` of the call: `jax.jit`'s own program where its first-come pairs are the
-  plan's or differ from them only in buffers under `copy_threshold`, else its lowering with the
-  plan's aliases (`signature._prepare`'s routes, from the same pairs)."""
+  plan's or differ from them only in buffers under `copy_threshold` (`why` says why, or is None:
+  see `_route_of`), else its lowering with the plan's aliases (`signature._prepare`'s routes,
+  from the same pairs). `pairs` and `donors` are the plan's."""
   structure = call.without_leaves()
-  why = "" if fcfs == pairs else _small_difference(fn.options.copy_threshold, leaves, pairs, fcfs)
-  realiased = fcfs != pairs and not why
-  later = _Later(fn, structure, traced, paths, arrays, why)
+  realiased = fcfs != pairs and why == ""
+  later = _Later(fn, structure, traced, paths, arrays, why, fcfs)
   dropped = frozenset() if fn.options.keep_unused else frozenset(_unread(flow))
   return _signature.Prepared(
     fn, structure, traced, _signature.LazyPlan(later), None, realiased,
@@ -87,24 +117,35 @@ def _routed(fn, call, traced, paths, arrays, flow, requested, in_sh, leaves, pai
 class _Later:
   """What the plan made later reads (`signature.read_facts`' facts, from the call's structure
   and paths and its arrays' types, avals and shardings, not the arrays): called, the plan,
-  paired as `why` says (`jax.jit`'s own pairs when it says why)."""
+  paired as `why` says (`jax.jit`'s own pairs when it says why). `why` None: every requested
+  leaf is under `copy_threshold`; the plan pairs by dataflow where that gives `jax.jit`'s
+  first-come pairs (`fcfs`), else first come with the small difference's words, as
+  `signature.prepare` decides."""
 
-  __slots__ = ("fn", "structure", "traced", "paths", "arrays", "why")
+  __slots__ = ("fn", "structure", "traced", "paths", "arrays", "why", "fcfs")
 
-  def __init__(self, fn, structure, traced, paths, arrays, why: str):
+  def __init__(self, fn, structure, traced, paths, arrays, why: str | None, fcfs: dict):
     self.fn, self.structure, self.traced = fn, structure, traced
-    self.paths, self.arrays, self.why = paths, arrays, why
+    self.paths, self.arrays, self.why, self.fcfs = paths, arrays, why, fcfs
 
   def __call__(self):
-    return self.first_come(self.why)
+    facts = self._facts()
+    if self.why is not None:
+      return facts.plan(first_come=self.why)[0]
+    plan = facts.plan()[0]
+    if plan.pairs() == self.fcfs:
+      return plan
+    return facts.plan(first_come=_route.small_difference(self.fn.options.copy_threshold))[0]
 
   def first_come(self, why: str):
     """The plan paired first come, first served as `jax.jit` pairs it (`why`), or by dataflow
     (`why` empty)."""
+    return self._facts().plan(first_come=why)[0]
+
+  def _facts(self) -> _facts.Facts:
     types, avals, shardings = self.arrays
     infos = _binding.device_leaf_infos(list(self.paths), list(zip(types, avals, shardings)))
-    facts = _facts.read_facts(self.fn, self.structure, self.traced, infos)
-    return facts.plan(first_come=why)[0]
+    return _facts.read_facts(self.fn, self.structure, self.traced, infos)
 
 
 def _small_difference(threshold: int, leaves, pairs, fcfs) -> str:
@@ -202,5 +243,6 @@ def check(quick: _signature.Prepared, full: _signature.Prepared) -> None:
   planned = quick.planned
   plan, ours = full.plan, planned.anew() if isinstance(planned, _signature.LazyPlan) else planned
   assert str(plan) == str(ours) and plan.decisions == ours.decisions and plan.notes == ours.notes
-  assert quick.quick is not None and plan.pairs() == ours.pairs()
-  assert not quick.realiased or plan.pairs() == quick.quick.pairs
+  assert quick.quick is not None and plan.pairs() == ours.pairs() == quick.quick.pairs
+  donors = {i for i, d in enumerate(plan.decisions) if d.action == Action.DONOR}
+  assert donors == quick.quick.donors, (donors, quick.quick.donors)

@@ -168,6 +168,31 @@ def pairs_of(
       pairs[queue[k]] = j
       del queue[k]
       taken.add(j)
+  donors = _donors(leaves, outputs, donated, pairs, taken)
+  return None if donors is None else (pairs, donors, _first_come(leaves, outputs, donated))
+
+
+def first_come_of(
+  flow: dataflow.Dataflow,
+  leaves: Sequence[tuple],
+  outputs: Sequence[tuple],
+  requested: Collection[int],
+  keep_unused: bool,
+) -> tuple[dict[int, int], dict[int, int]] | None:
+  """`(pairs, donors)` of `jax.jit`'s own first-come pairing ({leaf: output} of
+  `keys.fcfs_pairs`, then of the buffer donors after it, as `pairing.make_plan` makes them with
+  `first_come`), from shapes, dtypes and sizes alone (no dataflow link is read); None when a
+  requested leaf the program reads is left unusable. Facts as for `pairs_of`."""
+  used = (True,) * len(leaves) if keep_unused else flow.used
+  donated = [i for i in sorted(requested) if used[i]]
+  pairs = _first_come(leaves, outputs, donated)
+  donors = _donors(leaves, outputs, donated, pairs, set(pairs.values()))
+  return None if donors is None else (pairs, donors)
+
+
+def _donors(leaves, outputs, donated, pairs, taken) -> dict[int, int] | None:
+  """`pairing._donors`: each donated leaf left unpaired, in order, offered to the first output
+  not `taken` with as many elements; None when one finds none (unusable)."""
   by_size: dict[Any, collections.deque] = {}
   for j, out in enumerate(outputs):
     if j not in taken:
@@ -179,7 +204,7 @@ def pairs_of(
       if not queue:
         return None  # unusable
       donors[i] = queue.popleft()
-  return pairs, donors, _first_come(leaves, outputs, donated)
+  return donors
 
 
 def _linked(flow, leaves, outputs, donated: set[int]) -> tuple[dict[int, int], set[int]]:

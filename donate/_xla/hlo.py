@@ -57,6 +57,8 @@ _MEMORY_SPACE = re.compile(r"S\((\d+)\)")
 _OPENERS, _CLOSERS = "({[", ")}]"
 _CALL_CANDIDATES = re.compile(r"(?<![\w.])([a-z_]+)=(%?[\w.\-]+|\{[^{}]*\})")
 _NESTED = re.compile(r'["({\[]')
+_ALIAS = re.compile(r"\{([^{}]*)\}\s*:\s*\(\s*(\d+)")  # an alias: output index, parameter
+_ALIAS_BODY = re.compile(r"\{((?:\s*\{[^{}]*\}\s*:\s*\([^()]*\)\s*,?)*)\s*\}")
 _COMMENT = re.compile(r"/\*.*?\*/")
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
@@ -409,15 +411,9 @@ def _aliases(header: str) -> dict[int, tuple[int, ...]]:
   if start < 0:
     return {}
   start = header.index("{", start)
-  body = header[start + 1 : _close(header, start) - 1]
-  out = {}
-  for entry in split_top(body):
-    index, colon, target = entry.partition(":")
-    if not colon:
-      continue
-    param = split_top(target.strip().strip("()"))[0]
-    out[int(param)] = tuple(int(k) for k in index.strip().strip("{}").split(",") if k.strip())
-  return out
+  whole = _ALIAS_BODY.match(header, start)  # `{ {output index}: (parameter, {...}, kind), ... }`
+  body = whole.group(1) if whole else header[start + 1 : _close(header, start) - 1]
+  return {int(p): tuple(int(k) for k in i.split(",") if k.strip()) for i, p in _ALIAS.findall(body)}
 
 
 def _tables(lines: list[str]) -> tuple[dict[int, str], dict[int, int]]:
