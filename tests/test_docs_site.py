@@ -192,5 +192,8 @@ def test_the_doctors_report_reads_well_at_1280_px(tmp_path, shots):
   assert done.returncode == 0, done.stderr[-2000:]
   page = next((tmp_path / "pages").glob("*step*.html"))
   look = _browser.look(page, shots)
-  _reads_well(look, "step", look.first or "none", heading=False)  # the page has no <h1> (yet)
-  assert look.first in {"IMG", "TABLE", "PRE", "svg"}, look.first
+  _reads_well(look, "step", look.first or "none")
+  assert look.heading == "step" and look.first in {"IMG", "TABLE", "PRE", "svg"}, look
+  index = _browser.look(tmp_path / "pages" / "index.html", shots)
+  _reads_well(index, "", index.first or "none")
+  assert index.heading == "Memory report" and index.first == "TABLE", index
