@@ -76,10 +76,12 @@ first operand, a key or a key's data (`jax.random.split`, `fold_in`, `wrap_key_d
 `key_data`)."""
 
 KEY_PARTS = frozenset({
-    "slice", "squeeze", "reshape", "dynamic_slice", "gather", "broadcast_in_dim",
+    "slice", "squeeze", "reshape", "dynamic_slice", "gather", "broadcast_in_dim", "unstack",
+    "split",
 })
-"""Ops that pick keys out of a batch of keys (`k1, k2 = jax.random.split(key)`): a key they
-pick is still derived from the key that batch was made from."""
+"""Ops that pick keys out of a batch of keys (`k1, k2 = jax.random.split(key)`: slice and
+squeeze on jax 0.10, unstack on jax 0.12): every key they pick is still derived from the key that
+batch was made from."""
 
 LOOP = frozenset({"scan", "while"})
 """Loops; ``donate._base.loops.loop_layout`` decodes their operands."""

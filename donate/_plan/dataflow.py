@@ -137,7 +137,7 @@ def key_sources(name: str, ins: list[dict[int, int]], n_out: int) -> list[dict[i
   if name in _primitives.PRNG_KEY and ins and ins[0]:
     return [dict.fromkeys(ins[0], KEY)] + [_EMPTY] * (n_out - 1)
   if name in _primitives.KEY_PARTS and ins and KEY in ins[0].values():
-    return [{k: s for k, s in ins[0].items() if s == KEY}] + [_EMPTY] * (n_out - 1)
+    return [{k: s for k, s in ins[0].items() if s == KEY} for _ in range(n_out)]  # unstack
   return None
 
 
