@@ -24,9 +24,16 @@ _STDLIB = sysconfig.get_paths()["stdlib"]
 
 
 def is_library(where: str) -> bool:
-  """Whether a `file:line` is in an installed package or Python's standard library."""
+  """Whether a `file:line` is in an installed package or Python's standard library (a frozen
+  module's too: `<frozen runpy>`, under `python -m`).
+
+  >>> is_library("<frozen runpy>:88"), is_library("/home/me/gpt.py:31"), is_library("In[2]:17")
+  (True, False, False)
+  """
   path = where.rsplit(":", 1)[0]
-  return "site-packages/" in path or "dist-packages/" in path or path.startswith(_STDLIB)
+  return (
+    "site-packages/" in path or "dist-packages/" in path or path.startswith((_STDLIB, "<frozen "))
+  )
 
 
 def user_frames(frames: dict[int, str], locations: dict[int, str]) -> dict[int, int]:
