@@ -5,8 +5,9 @@ of `variants.Program.measure` (every figure they give comes from a compile they 
 candidate left with every step taken so far applied, takes the one that saves the most bytes
 per FLOP it adds (a change that adds none first), and stops when the program fits the usable
 limit (`limits.usable`), or when no candidate left lowers the peak. Changes of one kind
-replace one another (one checkpoint policy, one value per compiler option): a taken one retires
-the others of its kind.
+replace one another (one checkpoint policy, one value per compiler option): a candidate of a
+kind already taken is measured in its place, so a policy that saves more (at more FLOPs) can
+take over from a cheaper one that did not make the program fit.
 
 `largest_batch` searches the batch axis of one argument by compiling the program with
 `jax.ShapeDtypeStruct`s of each size tried: doubling from the profiled size while it fits, then
@@ -106,6 +107,20 @@ def _kind(c: Change) -> tuple:
   return ("donate", c.donate)
 
 
+def _with(taken, c: Change) -> tuple[Change, ...]:
+  """The steps taken with `c` applied: in place of a taken change of its kind, else after."""
+  return (*(t for t in taken if _kind(t) != _kind(c)), c)
+
+
+def _replacing(steps, taken, c: Change) -> str:
+  """ " (in place of step N)" when `c` replaces a taken change of its kind."""
+  for t in taken:
+    if _kind(t) == _kind(c):
+      n = next(i for i, s in enumerate(steps) if s.how == t.how) + 1
+      return f" (in place of step {n})"
+  return ""
+
+
 def _limit(device, fraction) -> limits.Limit:
   try:
     return limits.usable(device, fraction)
@@ -122,7 +137,7 @@ def _pick(measured: list, prev_peak: int, program, taken: list):
     saving = prev_peak - m.peak_bytes
     if saving <= 0:
       continue
-    ratio = program.flops_ratio((*taken, c)) or 1.0
+    ratio = program.flops_ratio(_with(taken, c)) or 1.0
     added = max(ratio - 1.0, 0.0)
     key = (added <= 1e-9, saving / added if added > 1e-9 else saving)
     if best_key is None or key > best_key:
@@ -147,17 +162,18 @@ def fit(profile, device, fraction=None, candidates=None, check_values: bool = Tr
   steps: list[PlanStep] = []
   current = base
   while current.needed_bytes > limit.usable_bytes and left:
-    measured = [(c, program.measure((*taken, c))) for c in left]
+    measured = [(c, program.measure(_with(taken, c))) for c in left]
     best = _pick(measured, current.peak_bytes, program, taken)
     if best is None:
       break
     c, m = best
-    ratio = program.flops_ratio((*taken, c))
+    ratio = program.flops_ratio(_with(taken, c))
     saving = current.peak_bytes - m.peak_bytes
-    step = PlanStep(c.change, c.how, m.peak_bytes, saving, ratio, m.needed_bytes, m.host_bytes)
+    change = c.change + _replacing(steps, taken, c)
+    step = PlanStep(change, c.how, m.peak_bytes, saving, ratio, m.needed_bytes, m.host_bytes)
     steps.append(step)
-    taken.append(c)
-    left = [x for x in left if _kind(x) != _kind(c)]
+    taken = list(_with(taken, c))
+    left = [x for x in left if x is not c]
     current = m
   same = None
   if check_values and any(c.retraces for c in taken):
