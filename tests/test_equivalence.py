@@ -370,8 +370,8 @@ def check_program(data, structure, seed, n_steps):
   donate_argnums = tuple(data.draw(st.sets(st.integers(0, len(args) - 1)), label="donate_argnums"))
   hypothesis.note(f"ops={ops}\noutputs={outputs} donate_argnums={donate_argnums}")
 
-  def f(*fargs):
-    return run(ops, jax.tree.leaves(fargs), outputs, as_dict)
+  def f(*args):  # named as the plan names them: args[0], ...
+    return run(ops, jax.tree.leaves(args), outputs, as_dict)
 
   host_before = [np.asarray(x).copy() for x in jax.tree.leaves(args)]
   expect = jax.jit(f)(*copies(args))
@@ -512,8 +512,8 @@ def test_a_fixed_program_with_every_op_kind(seed):
          ("donate_buffer", 3), ("unary", 0, 1), ("alias", 0, 18))
   outputs = [19, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17]
 
-  def f(*fargs):
-    return run(ops, list(fargs), outputs, False)
+  def f(*args):  # named as the plan names them: args[0], ...
+    return run(ops, list(args), outputs, False)
 
   host = [np.asarray(x).copy() for x in args]
   expect = jax.jit(f)(*copies(args))
