@@ -72,7 +72,7 @@ def chromium() -> str | None:
   return None
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess:
+def run(args: list[str]) -> subprocess.CompletedProcess:
   with tempfile.TemporaryDirectory() as profile:
     return subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", *args],
                           capture_output=True, text=True, timeout=180)
@@ -85,7 +85,7 @@ def look(page: pathlib.Path, shots: pathlib.Path) -> Look:
   with tempfile.TemporaryDirectory() as scratch:
     frame = pathlib.Path(scratch) / "frame.html"
     frame.write_text(_FRAME.format(src=html.escape(page.resolve().as_uri()), w=WIDTH, h=HEIGHT))
-    done = _run(["--allow-file-access-from-files", "--enable-logging=stderr", "--v=0",
+    done = run(["--allow-file-access-from-files", "--enable-logging=stderr", "--v=0",
                  "--virtual-time-budget=5000", f"--window-size={WIDTH + 20},{HEIGHT + 200}",
                  "--dump-dom", frame.as_uri()])
   found = re.search(r'<pre id="report">(.*?)</pre>', done.stdout, re.S)
@@ -93,6 +93,6 @@ def look(page: pathlib.Path, shots: pathlib.Path) -> Look:
   report = json.loads(html.unescape(found.group(1)))
   errors = [line for line in done.stderr.splitlines() if "CONSOLE" in line and "Uncaught" in line]
   shot = shots / f"{name}.png"
-  _run([f"--window-size={WIDTH},{HEIGHT}", f"--screenshot={shot}", "--virtual-time-budget=5000",
+  run([f"--window-size={WIDTH},{HEIGHT}", f"--screenshot={shot}", "--virtual-time-budget=5000",
         page.resolve().as_uri()])
   return Look(**report, errors=errors, screenshot=shot)

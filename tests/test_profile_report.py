@@ -8,15 +8,14 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+import _browser
 import donate
 from donate._profile import naming, report
 
@@ -208,23 +207,13 @@ addEventListener('load', () => {
 </script>"""
 
 
-def _chromium() -> str:
-  for name in ("chromium", "chromium-browser", "google-chrome"):
-    if shutil.which(name):
-      return shutil.which(name)
-  pytest.skip("no Chromium to open the pages with (apt-get install chromium)")
-
-
 def probe(page: pathlib.Path) -> dict:
   copy = page.with_name("probe_" + page.name)
   copy.write_text(page.read_text().replace("<head>", "<head>" + PROBE, 1))
-  with tempfile.TemporaryDirectory() as profile:
-    done = subprocess.run(
-      [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-       "--no-first-run", "--disable-background-networking", "--disable-component-update",
-       "--disable-sync", f"--user-data-dir={profile}", "--window-size=1280,900",
-       "--virtual-time-budget=3000", "--dump-dom", copy.as_uri()],
-      capture_output=True, text=True, timeout=180)
+  if not _browser.chromium():
+    pytest.skip("no Chromium to open the pages with (apt-get install chromium)")
+  done = _browser.run(["--window-size=1280,900", "--virtual-time-budget=3000", "--dump-dom",
+                       copy.as_uri()])
   copy.unlink()
   found = re.search(r"<pre id=\"probe\">(.*?)</pre>", done.stdout, re.S)
   assert found, done.stderr[-2000:]
