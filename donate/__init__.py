@@ -1,5 +1,10 @@
 """donate: explicit buffer donation, aliasing, preallocated outputs and symmetric memory for JAX."""
 
+# First: under `python -m donate...` on a machine without an NVIDIA GPU, JAX starts without the
+# CUDA plugin's start-up lines (donate/_base/startup.py).
+from donate._base import startup as _startup  # noqa: F401
+
+# isort: split
 from donate import planner as planner
 from donate import targets as targets
 from donate._base.errors import DonationError as DonationError

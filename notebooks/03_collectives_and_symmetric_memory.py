@@ -167,7 +167,6 @@ block_fn = jax.shard_map(block, mesh=mesh, in_specs=(P(None, "tp"), P("tp", None
                          out_specs=P(None, "tp"))
 buffers = symm.comm_buffers(symm.mark_required(jax.make_jaxpr(block_fn)(x, w)))
 show(buffers)
-assert len(buffers) == 4 and sum(b.over_allocated_bytes for b in buffers) == 2048
 
 # %% [markdown]
 # Four buffers: the annotated `tanh` (also covered by the `psum` registration), both outputs of the
@@ -186,7 +185,6 @@ plan = step.plan(x, w)
 for note in plan.notes:
     print("note:", note)
 print("symmetric memory requested (unpacked):", plan.collective_memory_bytes, "bytes per device")
-assert plan.collective_memory_bytes == 8192
 plan
 
 # %% [markdown]
@@ -227,7 +225,6 @@ print(f"{pool.name}: {pool.nbytes} bytes for {len(pool.allocations)} comm buffer
       f"({sum(a.nbytes for a in pool.allocations)} bytes unpacked), lower bound {pool.lower_bound_bytes}")
 for a in pool.allocations:
     print(f"  {a.name:6s} offset {a.offset:5d}  {a.nbytes} B  live {a.live_range}  {a.buffer.producer}")
-assert pool.nbytes == pool.lower_bound_bytes == 4096
 
 # %% [markdown]
 # The four 2 KiB buffers fit in a 4096-byte pool (its lower bound is 4096), not the 8192 bytes the plan
@@ -300,8 +297,6 @@ if GPU_AOT:
         print("  note:", sentence)
     print()
     print(check.report)
-    records = check.report.records
-    assert len(records) == 8 and all(r.placed for r in records) and len({r.instruction for r in records}) == 1
 
 # %% [markdown]
 # All eight annotated gradient values landed in collective memory, and XLA merged them into one
@@ -378,7 +373,6 @@ if GPU_AOT:
         print(f"{g}: {c.memory}")
         print(f"     planner pool: {c.planned_bytes} B for {len(c.report.records)} annotated buffers "
               f"({c.annotated_bytes} B unpacked)")
-    assert all(c.planned_bytes == 256 * 1024 < c.memory.nbytes / 30 for c in checks.values())
 
 # %% [markdown]
 # XLA's allocation (8 to 10 MiB per GPU, depending on the jaxlib; the table gives the
@@ -429,10 +423,9 @@ if GPU_AOT:
 if GPU_AOT:
     gpu_mesh = targets.gpu_mesh("h100", 8, ("dp", "tp"), shape=(2, 4))
     args = examples.block_abstract_args(gpu_mesh, batch=16, seq=256, d_model=256, d_ff=1024)
-    step = donate.jit(examples.block_train_step(gpu_mesh), donate_argnums=(0, 1))
-    compiled = step.lower(*args).compile()
-    plan = compiled.plan
-    print(plan.placements)
-    print(f"aliased: {sum(d.action == 'aliased' for d in plan.decisions)} of {len(plan.decisions)} "
-          f"input leaves, {plan.reused_bytes / 2**20:.1f} MiB of global arrays reused, "
-          f"{plan.memory.alias_bytes / 2**20:.1f} MiB aliased per device")
+    gpu_step = donate.jit(examples.block_train_step(gpu_mesh), donate_argnums=(0, 1))
+    gpu_plan = gpu_step.lower(*args).compile().plan
+    print(gpu_plan.placements)
+    print(f"aliased: {sum(d.action == 'aliased' for d in gpu_plan.decisions)} of "
+          f"{len(gpu_plan.decisions)} input leaves, {gpu_plan.reused_bytes / 2**20:.1f} MiB of global "
+          f"arrays reused, {gpu_plan.memory.alias_bytes / 2**20:.1f} MiB aliased per device")

@@ -1,12 +1,18 @@
 """The main job (`python -m donate`) and the benchmark helpers run and report real figures."""
 
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import jax
+import pytest
 
 import donate
 from donate import __main__ as demo
 from donate import _demo, _examples
+from donate._base import startup
 
 
 def test_demo_prints_the_plan_the_table_and_the_doctor(capsys):
@@ -51,3 +57,19 @@ def test_swapped_rows_come_from_the_compiled_programs():
   assert ours.memory.temp == 0 and theirs.memory.temp == 2 * 2**14 * 4  # both copied
   assert ours.reused == ours.donated == 2 * 2**14 * 4
   assert ours.memory.peak < 0.51 * rows["jax.jit (no donation)"].memory.peak
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(any(os.path.exists(d) for d in startup.NVIDIA_DEVICES),
+                    reason="an NVIDIA GPU is visible: JAX's CUDA lines are real")
+def test_the_demo_on_a_machine_without_a_gpu_says_nothing_about_cuda(tmp_path):
+  # As a user's shell runs it: no JAX_PLATFORMS, nothing the test session set for JAX.
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", startup.SKIP_CHECK)}
+  repo = str(pathlib.Path(__file__).resolve().parent.parent)
+  env["PYTHONPATH"] = os.pathsep.join([repo, *filter(None, [env.get("PYTHONPATH")])])
+  args = ["--elements", "16384", "--steps", "1", "--layers", "1", "--width", "32"]
+  ran = subprocess.run([sys.executable, "-m", "donate", *args], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=600)
+  assert ran.returncode == 0, ran.stderr
+  assert "DonationPlan for swapped_update" in ran.stdout and "2. The memory doctor" in ran.stdout
+  assert "cuda" not in (ran.stdout + ran.stderr).lower(), ran.stderr

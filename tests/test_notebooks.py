@@ -40,6 +40,18 @@ assert abs(plain - 9.83) < 0.05 and abs(donated - 7.83) < 0.05 and abs(floor / M
 assert loss_addresses == {loss_address} and w1_addresses == {w1_address}
 assert losses_per_step[0] > 0.9 and losses_per_step[-1] < 0.3
 """,
+    "03_collectives_and_symmetric_memory": """
+assert same and bool(jnp.allclose(out, reference)) and x.is_deleted()
+assert len(buffers) == 4 and sum(b.over_allocated_bytes for b in buffers) == 2048
+assert plan.collective_memory_bytes == 8192 and len(plan.notes) == 2
+assert pool.nbytes == pool.lower_bound_bytes == 4096 and len(pool.allocations) == 4
+if GPU_AOT:
+    records = checks["h100"].report.records
+    assert len(records) == 8 and all(r.placed for r in records)
+    assert len({r.instruction for r in records}) == 1  # one all-reduce, the combiner's
+    assert all(c.planned_bytes == 256 * 1024 < c.memory.nbytes / 30 for c in checks.values())
+    assert all(8 * 2**20 <= c.memory.nbytes <= 10 * 2**20 for c in checks.values())
+""",
     "04_planner": """
 assert (pool.nbytes, pool.lower_bound_bytes, plan.arena.nbytes) == (192, 192, 256)
 assert [pool.offsets[n] for n in ("buf1", "buf2", "buf3", "buf8")] == [0, 64, 128, 0]

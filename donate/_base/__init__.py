@@ -4,5 +4,6 @@
 import jax._src; with `loops`, the only ones that decode a JAX-version-specific layout),
 `errors` (every exception and warning class, one message shape), `primitives` (the one table of
 primitive facts; donate_buffer_p, alias_p), `jaxprs` (jaxpr plumbing), `text` (how sizes,
-shapes and shardings are written) and `records` (frozen records built fast).
+shapes, shardings and notebook lines are written), `records` (frozen records built fast) and
+`startup` (JAX imported without the CUDA plugin's start-up lines where no NVIDIA GPU is).
 """

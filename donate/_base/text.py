@@ -1,5 +1,5 @@
 """Text shared by every report (plans, copy records, the demo, the planner): sizes in bytes,
-shapes, dtypes and shardings."""
+shapes, dtypes and shardings, and source lines in a notebook's cells."""
 
 from __future__ import annotations
 
@@ -140,3 +140,21 @@ def key_path(path) -> str:
 
 
 _FLAT_INDEX = re.compile(r"<flat index ([^>]+)>")  # as JAX's linear_util cleans it
+
+
+def notebook_cell(where: str) -> str:
+  """`file:line` (or `file:line (function)`) with a Jupyter cell's temporary file named as IPython
+  names the cell: `In[3]:17`. Elsewhere (no IPython shell running, or a file that is not a cell's)
+  `where` is returned as is.
+
+  >>> notebook_cell("train.py:12 (step)")
+  'train.py:12 (step)'
+  """
+  import sys
+
+  ipython = sys.modules.get("IPython")
+  shell = ipython.get_ipython() if ipython is not None else None
+  file, sep, _ = where.partition(" (")[0].rpartition(":")
+  named = getattr(getattr(shell, "compile", None), "format_code_name", None)
+  label = named(file) if named is not None and sep else None
+  return f"{label[1]}:{where[len(file) + 1 :]}" if label else where

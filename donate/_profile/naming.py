@@ -24,7 +24,7 @@ its operand, a loop body's parameter for the loop that calls it, a fusion withou
 
 from __future__ import annotations
 
-from donate._profile.source import notebook_cell
+from donate._base.text import notebook_cell
 from donate._xla import hlo as _hlo
 
 _FORWARDING = (

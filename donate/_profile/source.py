@@ -36,21 +36,3 @@ class DonateProgram(Protocol):
   """A `donate.jit` stage: it names its program for the profile."""
 
   def __donate_program__(self) -> Source: ...
-
-
-def notebook_cell(where: str) -> str:
-  """`file:line` (or `file:line (function)`) with a Jupyter cell's temporary file named as IPython
-  names the cell: `In[3]:17`. Elsewhere (no IPython shell running, or a file that is not a cell's)
-  `where` is returned as is.
-
-  >>> notebook_cell("train.py:12 (step)")
-  'train.py:12 (step)'
-  """
-  import sys
-
-  ipython = sys.modules.get("IPython")
-  shell = ipython.get_ipython() if ipython is not None else None
-  file, sep, _ = where.partition(" (")[0].rpartition(":")
-  named = getattr(getattr(shell, "compile", None), "format_code_name", None)
-  label = named(file) if named is not None and sep else None
-  return f"{label[1]}:{where[len(file) + 1 :]}" if label else where

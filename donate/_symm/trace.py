@@ -21,6 +21,7 @@ from typing import Any
 from donate._base import primitives as _primitives
 from donate._base.errors import SymmetricMemoryWarning
 from donate._base.jaxprs import is_var, nbytes, short_source_line, subs
+from donate._base.text import notebook_cell
 from donate._symm.prim import context_spec, contexts_used, marks_traced, symmetric_p
 from donate._symm.registry import COLLECTIVE_PRIMITIVES, any_registered, requirements
 
@@ -377,7 +378,7 @@ def comm_buffer_report(buffers, *, warn: bool = False) -> tuple[str, ...]:
   notes = []
   for buf in buffers:
     where = f"{buf.producer} output {buf.dtype}{list(buf.shape)}" + (
-      f" at {buf.source_info}" if buf.source_info else ""
+      f" at {notebook_cell(buf.source_info)}" if buf.source_info else ""
     )
     if buf.over_allocated_bytes:
       notes.append(
