@@ -15,13 +15,14 @@ processes' ratios, their quartiles and range, and `jax.jit`'s median time. The p
 after another, nothing else running beside them. The step and its paths are
 `bench_pytree_cost.py`'s (a dict of N float32[64] leaves, all donated; "native": outputs in input
 order, `jax.jit`'s own program; "re-paired": output k from input N-1-k, donate's in-place program
-with `copy_threshold=0` against `jax.jit`'s copying one); "undonated" is the native step donating
+with `copy_threshold=0` against `jax.jit`'s copying one; "reversed-small": the same step at the
+default `copy_threshold`, `jax.jit`'s own program); "undonated" is the native step donating
 nothing (no frame of donate's before its dispatch); "split" times the native step called four ways
 in each process (`bench_pytree_cost.call_variants`): donate.jit's call (its dispatch behind the
 `__call__` property and the one frame that names an array passed twice), its C++ dispatch alone,
 and `jax.jit`'s behind one Python frame. Run:
   python benchmarks/bench_cached_call.py [--sizes 10,100,1000] [--processes 16] [--rounds 41]
-      [--paths native,re-paired[,undonated,split]]
+      [--paths native,re-paired[,reversed-small,undonated,split]]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import sys
 import bench_pytree_cost as b  # beside this script, first on its path
 import jax
 
-PATHS = ("native", "re-paired", "undonated", "split")
+PATHS = ("native", "re-paired", "reversed-small", "undonated", "split")
 
 
 def _worker(n: int, path: str, rounds: int, donate_first: bool) -> None:
