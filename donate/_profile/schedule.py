@@ -15,7 +15,9 @@ compiles can run in a thread pool (`max_workers`; `variants.Program.measure_many
 keep the round's order, so a plan is the same whatever order the compiles end in. By default
 they run one at a time (`WORKERS`): on a 2-core machine under load, a round of 4 candidates of a
 4-layer Llama-shaped step on 8 H100s took 69.2 s one at a time and 82.2 s two at a time (16.7 s
-and 17.4 s of CPU), with a peak RSS of 0.61 and 0.75 GiB.
+and 17.4 s of CPU), with a peak RSS of 0.61 and 0.75 GiB. XLA's compile releases the GIL (a
+Python loop in another thread ran at 41% of its own rate during a 25.5 s H100 compile): two at
+a time pay where cores are free, not on a machine other jobs keep busy.
 """
 
 from __future__ import annotations
