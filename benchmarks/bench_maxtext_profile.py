@@ -12,7 +12,8 @@ timed) and one run without it (the plain compiles); the table goes to stdout, ea
   python benchmarks/bench_maxtext_profile.py --python V/bin/python [--configs dense,moe,gacc,serve]
 
 With `--advice`: the dense train step profiled by `donate.memory_profile` instead (the step's
-first call recorded through a wrapped `jax.jit`) and its `advice()`, each timed.
+first call recorded through a wrapped `jax.jit`), its `advice()`, a plan to fit 3/4 of its peak
+(`fit`) and the largest batch within twice its peak (`largest_batch`), each timed.
 """
 
 from __future__ import annotations
@@ -136,6 +137,16 @@ def advice_child(out: str) -> None:
     "could_donate": [s.path for s in profile.could_donate],
     "advice": [str(a) for a in items],
   }
+  # The cost of a plan to fit 3/4 of the peak and of the largest batch within twice the peak,
+  # on a fresh profile (nothing measured yet), the batch searched on the data's argument.
+  fresh = donate.memory_profile(jitted, *args, **kwargs)
+  start = time.perf_counter()
+  plan = fresh.fit(fresh.peak_bytes * 3 // 4)
+  row["fit"] = (plan.compiles, time.perf_counter() - start, str(plan))
+  data = next(n for n, a in enumerate(args) if isinstance(a, dict) and "inputs" in a)
+  start = time.perf_counter()
+  found = fresh.largest_batch(fresh.peak_bytes * 2, argnum=data)
+  row["largest_batch"] = (found.compiles, time.perf_counter() - start, str(found))
   with open(out, "w") as fh:
     json.dump(row, fh)
 
@@ -215,6 +226,10 @@ def main(argv=None) -> int:
     )
     for line in row["advice"]:
       print("  " + line)
+    for name in ("fit", "largest_batch"):
+      compiles, seconds, text = row[name]
+      print(f"{name}: {compiles} compiles, {seconds:.1f} s (load average {os.getloadavg()[0]:.2f})")
+      print("  " + text.replace("\n", "\n  "))
     return 0
   print(
     "| config | step | peak | top categories at the peak | largest compile s (dump / "

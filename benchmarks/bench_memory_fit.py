@@ -6,11 +6,13 @@ abstract H100s (`donate.targets`: compiled ahead of time here, nothing runs on a
 profile's plan to fit an H100 (`profile.fit("h100")`: what JAX's allocator gives a program, 75%
 of the card unless the environment says otherwise) and the largest batch that fits
 (`profile.largest_batch("h100")`), each figure a compile made for the H100s, with the compiles
-and seconds they took.
+and seconds they took, and the machine's load average beside them. Each round's compiles run
+`--workers` at a time (the library's default when not given); the announcements and bars of
+`fit` and `largest_batch` go to stderr.
 
 Needs the gpu-aot extra. One run:
 
-  python benchmarks/bench_memory_fit.py [--devices 8 --batch 16 --seq 2048 --layers 32]
+  python benchmarks/bench_memory_fit.py [--devices 8 --batch 16 --seq 2048 --layers 32 --workers 2]
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def main(argv=None) -> int:
   parser.add_argument("--batch", type=int, default=16)
   parser.add_argument("--seq", type=int, default=2048)
   parser.add_argument("--no-batch-search", action="store_true")
+  parser.add_argument("--workers", type=int, default=None, help="compiles at a time in fit()")
   args = parser.parse_args(argv)
   if not targets.available():
     print('needs the gpu-aot extra: pip install "jax-donate[gpu-aot]"')
@@ -54,15 +57,20 @@ def main(argv=None) -> int:
   print(f"profile: peak {p.peak_bytes / 2**30:.2f} GiB per device ({t_profile:.1f} s)")
   print(p.fits("h100"))
   t = time.perf_counter()
-  plan = p.fit("h100")
+  plan = p.fit("h100", max_workers=args.workers)
   print(plan)
-  print(f"plan: {plan.compiles} compiles, {time.perf_counter() - t:.1f} s")
+  print(f"plan: {plan.compiles} compiles, {time.perf_counter() - t:.1f} s ({load()})")
   if not args.no_batch_search:
     t = time.perf_counter()
     found = p.largest_batch("h100", argnum=2, axis=0)
     print(found)
-    print(f"largest batch: {found.compiles} compiles, {time.perf_counter() - t:.1f} s")
+    print(f"largest batch: {found.compiles} compiles, {time.perf_counter() - t:.1f} s ({load()})")
   return 0
+
+
+def load() -> str:
+  """The machine's load average over 1, 5 and 15 minutes, as `uptime` prints it."""
+  return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ compiler option, a smaller batch)."""
 
 import ast
 import re
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ import pytest
 
 import donate
 from donate import targets
-from donate._profile import limits
+from donate._profile import advice, limits, profile_of_lowered
 
 CPS = jax.checkpoint_policies
 MEMORY_SCHEDULER = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
@@ -93,6 +94,17 @@ def _policy_of(how: str):
   return getattr(CPS, name)
 
 
+def _as_written(plan):
+  """`(compiler options, checkpoint policy)` of a plan's steps, as a user writes them."""
+  options, policy = {}, None
+  for s in plan.steps:
+    if s.how.startswith("compiler_options="):
+      options.update(ast.literal_eval(s.how.removeprefix("compiler_options=")))
+    else:
+      policy = _policy_of(s.how)
+  return options, policy
+
+
 @pytest.mark.slow
 def test_a_scan_over_layers_checkpointed_is_measured_as_written():
   """Without a checkpoint in the code, each layer loop's body is checkpointed with each named
@@ -127,12 +139,7 @@ def test_the_plan_reaches_a_budget_and_its_peak_is_a_compile_with_all_its_change
   plan = p.fit(budget)
   assert plan and plan.fits and plan.steps and plan.peak_bytes == plan.steps[-1].peak_bytes
   assert plan.needed_bytes <= budget < p.peak_bytes
-  options, policy = {}, None
-  for s in plan.steps:
-    if s.how.startswith("compiler_options="):
-      options.update(ast.literal_eval(s.how.removeprefix("compiler_options=")))
-    else:
-      policy = _policy_of(s.how)
+  options, policy = _as_written(plan)
   lowered = jax.jit(_scan_step(policy)).lower(*args)
   direct = donate.memory_profile(lowered.compile(compiler_options=options or None))
   assert plan.peak_bytes == direct.peak_bytes
@@ -363,3 +370,148 @@ def test_a_flax_nnx_model_with_nnx_remat_measured_as_written():
     written, _ = make(_policy_of(a.how))
     assert a.peak_bytes == donate.memory_profile(written, params, x).peak_bytes, a
     assert a.same_values == "bitwise", a
+
+
+# -- the cost a user waits for: announced, counted, compiled two at a time ---------------------
+
+
+def _fit_in_threads(p, budget, **kw):
+  """`p.fit(budget, **kw)` and the names of the threads its compiles ran in (JAX's own
+  compile event, in the compiling thread)."""
+  threads = set()
+
+  def listen(event, *_, **__):
+    if "backend_compile" in event:
+      threads.add(threading.current_thread().name)
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    return p.fit(budget, **kw), threads
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+
+
+@pytest.mark.slow
+def test_concurrent_and_sequential_rounds_give_the_same_plan(capsys):
+  """A round's candidates compile two at a time in worker threads; the plan, each step's
+  figures and every candidate's peak are those of the rounds compiled one at a time."""
+  args = _scan_args()
+  plans, measured = [], []
+  for workers in (1, 2):
+    p = donate.memory_profile(jax.jit(_scan_step()), *args)
+    plan, threads = _fit_in_threads(p, p.peak_bytes * 6 // 10, max_workers=workers,
+                                    progress=False)
+    assert any(t.startswith("donate-measure") for t in threads) == (workers == 2), threads
+    plans.append(plan)
+    measured.append([(a.how, a.peak_bytes, a.flops_ratio) for a in p.advice(progress=False)])
+  assert capsys.readouterr().err == ""  # progress=False: nothing printed
+  sequential, concurrent = plans
+  assert concurrent.steps == sequential.steps and len(concurrent.steps) >= 1
+  assert (concurrent.fits, concurrent.peak_bytes, concurrent.compiles) == (
+      sequential.fits, sequential.peak_bytes, sequential.compiles)
+  assert measured[0] == measured[1]
+
+
+@pytest.mark.slow
+def test_the_compiles_are_announced_first_and_counted_by_a_bar(capsys):
+  """One line on stderr says how many compiles a round makes, where, before any is made; the
+  bar counts them when asked (off by default where stderr is not a terminal, as here); nothing
+  measured again is announced again."""
+  args = _scan_args()
+  p = donate.memory_profile(jax.jit(_scan_step()), *args)
+  n = len(advice.changes(p))
+  capsys.readouterr()
+  p.fit(p.peak_bytes * 6 // 10, progress=True, max_workers=2)
+  err = capsys.readouterr().err
+  assert err.splitlines()[0] == (
+      f"fit: round 1: measuring the program and {n} candidates ({n + 1} compiles, 2 at a time) "
+      "on 1 CPU device"), err
+  assert re.search(rf"fit: round 1: +\d+%\|.*\| {n + 1}/{n + 1} ", err), err  # the bar
+  p.fit(p.peak_bytes * 6 // 10)
+  assert capsys.readouterr().err == ""  # measured already: no compile, nothing said
+  q = donate.memory_profile(jax.jit(_scan_step()), *args)
+  items = q.advice(["checkpoint"])  # not a terminal: the line, no bar
+  err = capsys.readouterr().err
+  assert err == (f"advice: measuring the program and {len(items)} candidates "
+                 f"({len(items) + 1} compiles) on 1 CPU device\n"), err
+  found = q.largest_batch(q.peak_bytes * 2, progress=True)
+  err = capsys.readouterr().err
+  assert err.startswith("largest_batch: searching axis 0 of argument 1 from 256, one compile "
+                        "per size: doubling while it fits, then bisecting, on 1 CPU device\n"), err
+  assert f"{found.compiles}compile" in err.replace(" ", ""), err
+
+
+# -- a Llama-shaped step on 8 compile-only H100s ------------------------------------------------
+
+
+def _llama_step(policy=None, heads=8, kv_heads=2):
+  """Llama's layer (RMSNorm, grouped-query causal attention, SwiGLU) scanned over stacked
+  layers, a momentum update; `policy` checkpoints the scan body as a user writes it."""
+  def rms(x, w):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-5) * w
+
+  def layer(h, p):
+    b, s, d = h.shape
+    x = rms(h, p["n1"])
+    q = (x @ p["wq"]).reshape(b, s, heads, -1)
+    k, v = ((x @ p[w]).reshape(b, s, kv_heads, -1).repeat(heads // kv_heads, 2)
+            for w in ("wk", "wv"))
+    mask = jnp.tril(jnp.ones((s, s), bool))
+    att = jax.nn.softmax(jnp.where(mask, jnp.einsum("bqhd,bkhd->bhqk", q, k), -1e9), -1)
+    h = h + jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, s, d) @ p["wo"]
+    x = rms(h, p["n2"])
+    return h + (jax.nn.silu(x @ p["w1"]) * (x @ p["w3"])) @ p["w2"], None
+
+  if policy is not None:
+    layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
+
+  def loss(params, tokens):
+    h, _ = jax.lax.scan(layer, params["embed"][tokens], params["layers"])
+    logits = h @ params["embed"].T
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], -1))
+
+  def step(params, momentum, tokens):
+    grads = jax.grad(loss)(params, tokens)
+    momentum = jax.tree.map(lambda m, g: 0.9 * m + g, momentum, grads)
+    return jax.tree.map(lambda p, m: p - 1e-3 * m, params, momentum), momentum
+  return step
+
+
+def _llama_args(mesh, layers=2, d=256, heads=8, kv_heads=2, ff=768, vocab=2048, batch=8,
+                seq=256):
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  def sds(shape, spec):
+    return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
+  col, row, rep = P(None, None, "tp"), P(None, "tp", None), P()
+  kv = d // heads * kv_heads
+  params = {"embed": sds((vocab, d), P("tp", None)), "layers": {
+      "wq": sds((layers, d, d), col), "wk": sds((layers, d, kv), col),
+      "wv": sds((layers, d, kv), col), "wo": sds((layers, d, d), row),
+      "w1": sds((layers, d, ff), col), "w3": sds((layers, d, ff), col),
+      "w2": sds((layers, ff, d), row), "n1": sds((layers, d), rep), "n2": sds((layers, d), rep)}}
+  tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=NamedSharding(mesh, rep))
+  return params, params, tokens
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not targets.available(), reason="needs the gpu-aot extra")
+def test_a_llama_shaped_step_on_8_h100s_fits_after_its_plan():
+  """A Llama-shaped step (2 scanned layers, small dims) tensor parallel over 8 compile-only
+  H100s, given a fraction of the card it does not fit: the plan makes it fit, and its final peak
+  is the step written with every change of the plan, compiled here."""
+  mesh = targets.gpu_mesh("h100", 8, ("tp",))
+  args = _llama_args(mesh)
+  p = donate.memory_profile(jax.jit(_llama_step(), donate_argnums=(0, 1)), *args)
+  card = targets.gpu_spec("h100").device_memory_bytes
+  fraction = p.needed_bytes * 0.7 / card
+  assert not p.fits("h100", fraction=fraction)
+  plan = p.fit("h100", fraction=fraction, candidates=["checkpoint"])
+  assert plan and plan.fits and plan.needed_bytes <= plan.limit.usable_bytes
+  assert "H100" in str(plan) and "it fits after" in str(plan)
+  options, policy = _as_written(plan)
+  assert policy is not None  # a checkpointed layer scan
+  lowered = jax.jit(_llama_step(policy), donate_argnums=(0, 1)).lower(*args)
+  direct = profile_of_lowered(lowered, options or None)  # XLA's dump of an H100 compile
+  assert plan.peak_bytes == direct.peak_bytes
+  assert direct.fits("h100", fraction=fraction)

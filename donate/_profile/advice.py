@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from donate._base.text import format_bytes
-from donate._profile import remat
+from donate._profile import remat, schedule
 from donate._profile.variants import Change, Program
 
 # backend -> (change in words, option, value): XLA DebugOptions that move the peak.
@@ -136,11 +136,18 @@ def changes(profile, candidates=None) -> tuple[Change, ...]:
   return tuple(c for c in found if _wanted(candidates, c.change, c.how))
 
 
-def advise(profile, candidates=None, check_values: bool = True) -> tuple[Advice, ...]:
+def advise(
+  profile,
+  candidates=None,
+  check_values: bool = True,
+  progress: bool | None = None,
+  max_workers: int | None = None,
+) -> tuple[Advice, ...]:
   """The measured advice of `profile` (see the module docstring); `candidates` limits the
   compiled ones to those whose `change` or `how` it names. `check_values`: run each checkpoint
   change on the profile's own arguments against the original (where they are concrete arrays
-  on this machine's backend) and record the comparison.
+  on this machine's backend) and record the comparison. The compiles are announced on stderr
+  and run `max_workers` at a time, with a bar on a terminal (`progress`: see `schedule`).
 
   Raises:
     DonationError: the profile has no program to compile again (a `jax.stages.Compiled` alone).
@@ -153,6 +160,9 @@ def advise(profile, candidates=None, check_values: bool = True) -> tuple[Advice,
   assert isinstance(program, Program)
   found = []
   candidates_found = changes(profile, candidates)
+  if candidates_found:
+    lists = [(), *((c,) for c in candidates_found)]
+    schedule.measure(program, lists, "advice", profile.platform, progress, max_workers)
   for c in candidates_found:
     m = program.measure((c,))
     ratio = program.flops_ratio((c,))

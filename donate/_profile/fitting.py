@@ -22,7 +22,7 @@ import numpy as np
 from jax import tree_util
 
 from donate._base.text import format_bytes
-from donate._profile import advice, errors, limits
+from donate._profile import advice, errors, limits, schedule
 from donate._profile.variants import Change
 
 
@@ -145,8 +145,24 @@ def _pick(measured: list, prev_peak: int, program, taken: list):
   return best
 
 
-def fit(profile, device, fraction=None, candidates=None, check_values: bool = True) -> Plan:
-  """The plan that makes `profile`'s program fit `device` (see the module docstring).
+def _round(profile, lists: list, rounds: int, progress, max_workers) -> list:
+  """A round of `fit`: each list of changes measured (`schedule.measure`), announced."""
+  who = f"fit: round {rounds}"
+  return schedule.measure(profile.program, lists, who, profile.platform, progress, max_workers)
+
+
+def fit(
+  profile,
+  device,
+  fraction=None,
+  candidates=None,
+  check_values: bool = True,
+  progress: bool | None = None,
+  max_workers: int | None = None,
+) -> Plan:
+  """The plan that makes `profile`'s program fit `device` (see the module docstring). Each
+  round's compiles are announced on stderr and run `max_workers` at a time, with a bar on a
+  terminal (`progress`: see `schedule`).
 
   Raises:
     DonationError: an unknown device, or a profile without a program to compile again.
@@ -156,14 +172,17 @@ def fit(profile, device, fraction=None, candidates=None, check_values: bool = Tr
   if program is None:
     errors.no_program_for_advice()
   before = program.compiles
-  base = program.measure()
   left = list(advice.changes(profile, candidates))
+  # The candidates compile with the program itself when the profile says it does not fit.
+  first = left if profile.needed_bytes > limit.usable_bytes else []
+  base = _round(profile, [(), *((c,) for c in first)], 1, progress, max_workers)[0]
   taken: list[Change] = []
   steps: list[PlanStep] = []
   current = base
   while current.needed_bytes > limit.usable_bytes and left:
-    measured = [(c, program.measure(_with(taken, c))) for c in left]
-    best = _pick(measured, current.peak_bytes, program, taken)
+    lists = [_with(taken, c) for c in left]
+    found = _round(profile, lists, len(steps) + 1, progress, max_workers)
+    best = _pick(list(zip(left, found)), current.peak_bytes, program, taken)
     if best is None:
       break
     c, m = best
@@ -229,9 +248,12 @@ def _step_of(arg, axis: int) -> tuple[int, int]:
   return int(size), int(step)
 
 
-def largest_batch(profile, device, argnum=None, axis: int = 0, fraction=None) -> Batch:
+def largest_batch(
+  profile, device, argnum=None, axis: int = 0, fraction=None, progress: bool | None = None
+) -> Batch:
   """The largest size of axis `axis` of positional argument `argnum` (default: the last) at
-  which the program fits `device` (see the module docstring).
+  which the program fits `device` (see the module docstring). The search is announced on
+  stderr, with a bar counting its compiles on a terminal (`progress`: see `schedule`).
 
   Raises:
     DonationError: an unknown device, or a profile without a function to trace again.
@@ -242,24 +264,27 @@ def largest_batch(profile, device, argnum=None, axis: int = 0, fraction=None) ->
     errors.no_program_for_advice()
   argnum = len(program.args) - 1 if argnum is None else argnum
   size, step = _step_of(program.args[argnum], axis)
-  compiles = 0
   found: dict[int, object] = {}
+  what = (
+    f"largest_batch: searching axis {axis} of argument {argnum} from {size}, one compile per "
+    "size: doubling while it fits, then bisecting"
+  )
+  with schedule.searching(program, what, profile.platform, progress) as measure:
 
-  def fits(n: int) -> bool:
-    nonlocal compiles
-    if n not in found:
-      compiles += 1
-      found[n] = program.measure((Change("", "", batch=(argnum, axis, n)),))
-    return found[n].needed_bytes <= limit.usable_bytes  # type: ignore[attr-defined]
+    def fits(n: int) -> bool:
+      if n not in found:
+        found[n] = measure((Change("", "", batch=(argnum, axis, n)),))
+      return found[n].needed_bytes <= limit.usable_bytes  # type: ignore[attr-defined]
 
-  low, high = 0, size // step  # in steps: low fits (0: none), high unknown
-  if fits(high * step):
-    low, high = high, high * 2
-    while fits(high * step) and high < (size // step) << 24:
+    low, high = 0, size // step  # in steps: low fits (0: none), high unknown
+    if fits(high * step):
       low, high = high, high * 2
-  while high - low > 1:
-    mid = (low + high) // 2
-    low, high = (mid, high) if fits(mid * step) else (low, mid)
+      while fits(high * step) and high < (size // step) << 24:
+        low, high = high, high * 2
+    while high - low > 1:
+      mid = (low + high) // 2
+      low, high = (mid, high) if fits(mid * step) else (low, mid)
+  compiles = len(found)
   best = found.get(low * step)
   peak = getattr(best, "peak_bytes", None)
   return Batch(low * step, peak, getattr(best, "needed_bytes", None), limit, compiles, argnum, axis)

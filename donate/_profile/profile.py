@@ -67,18 +67,28 @@ class Remedies:
       errors.unknown_device(device)
       raise
 
-  def advice(self, candidates=None) -> tuple:
+  def advice(self, candidates=None, *, progress=None, max_workers=None) -> tuple:
     """What would lower the peak, each compiled here (`advice.advise`): donation, XLA options,
-    checkpoint policies; `candidates` limits them (by their `change` or `how`)."""
-    return advice.advise(self, candidates)
+    checkpoint policies; `candidates` limits them (by their `change` or `how`). The compiles
+    are announced on stderr and run `max_workers` at a time (default 1), with a progress bar
+    on a terminal (`progress=True`: anywhere; False: nothing printed)."""
+    return advice.advise(self, candidates, progress=progress, max_workers=max_workers)
 
-  def fit(self, device, fraction: float | None = None, candidates=None) -> fitting.Plan:
-    """A plan of measured changes, composed, that makes it fit `device` (`fitting.fit`)."""
-    return fitting.fit(self, device, fraction, candidates)
+  def fit(
+    self, device, fraction: float | None = None, candidates=None, *, progress=None, max_workers=None
+  ) -> fitting.Plan:
+    """A plan of measured changes, composed, that makes it fit `device` (`fitting.fit`);
+    `progress` and `max_workers` as for `advice`."""
+    return fitting.fit(
+      self, device, fraction, candidates, progress=progress, max_workers=max_workers
+    )
 
-  def largest_batch(self, device, argnum: int | None = None, axis: int = 0, fraction=None):
-    """The largest batch that fits `device`, found by compiling (`fitting.largest_batch`)."""
-    return fitting.largest_batch(self, device, argnum, axis, fraction)
+  def largest_batch(
+    self, device, argnum: int | None = None, axis: int = 0, fraction=None, *, progress=None
+  ):
+    """The largest batch that fits `device`, found by compiling (`fitting.largest_batch`);
+    `progress` as for `advice`."""
+    return fitting.largest_batch(self, device, argnum, axis, fraction, progress=progress)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, repr=False)

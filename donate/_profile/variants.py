@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -176,15 +177,48 @@ class Program:
 
   def measure(self, changes=()) -> Measured:
     """The program compiled with every change of `changes` applied, read (cached per list)."""
-    key = tuple(changes)
+    return self.measure_many((changes,))[0]
+
+  def unmeasured(self, lists) -> int:
+    """How many compiles `measure_many(lists)` would make (the lists not measured yet)."""
     with self._lock:
-      if key not in self._cache:
-        lowered, options, traced = self._lowered_with(key)
-        peak, needed, compiled = self.read(lowered, options)
-        self.compiles += 1
-        dots = None if traced is None else dot_flops(traced.jaxpr.jaxpr)
-        self._cache[key] = Measured(peak, needed, _flops(compiled), _host(compiled), dots)
-      return self._cache[key]
+      return len({tuple(c) for c in lists} - self._cache.keys())
+
+  def measure_many(self, lists, max_workers: int = 1, done=None) -> list[Measured]:
+    """`measure` of each list of changes, in order. The lists not measured yet are lowered here
+    one after the other (a retrace changes how JAX binds checkpoints process-wide) and compiled
+    `max_workers` at a time in a thread pool, each lowered while the previous ones compile;
+    `done()` is called after each compile."""
+    keys = [tuple(c) for c in lists]
+    with self._lock:
+      todo = list(dict.fromkeys(k for k in keys if k not in self._cache))
+      if max_workers <= 1 or len(todo) <= 1:
+        for key in todo:
+          self._store(key, self._read(*self._lowering(key)))
+          if done is not None:
+            done()
+      else:
+        with ThreadPoolExecutor(min(max_workers, len(todo)), "donate-measure") as pool:
+          futures = []
+          for key in todo:
+            futures.append(pool.submit(self._read, *self._lowering(key)))
+            if done is not None:
+              futures[-1].add_done_callback(lambda _: done())
+          for key, future in zip(todo, futures):
+            self._store(key, future.result())
+      return [self._cache[k] for k in keys]
+
+  def _lowering(self, key) -> tuple[Any, dict, int | None]:
+    lowered, options, traced = self._lowered_with(key)
+    return lowered, options, None if traced is None else dot_flops(traced.jaxpr.jaxpr)
+
+  def _read(self, lowered, options: dict, dots: int | None) -> Measured:
+    peak, needed, compiled = self.read(lowered, options)
+    return Measured(peak, needed, _flops(compiled), _host(compiled), dots)
+
+  def _store(self, key, measured: Measured) -> None:
+    self._cache[key] = measured
+    self.compiles += 1
 
   def flops_ratio(self, changes) -> float | None:
     """FLOPs of the program with `changes` over the original's: XLA's `cost_analysis()` where
