@@ -171,7 +171,7 @@ print("donate.jit pairs (by dataflow):           ", swap_plan.aliases)
 
 # %% [markdown]
 # `jax.jit` with both inputs donated needs 32 MiB of temporaries, and its peak (64 MiB) is no better than
-# not donating at all; its step takes about as long as the undonated one, and many times longer than
+# not donating at all; its step is no faster than the undonated one, and many times slower than
 # `donate.jit`'s. `donate.jit` needs no temporaries and peaks at 32 MiB, the two arrays: the update of
 # `b` really is in place, one element written instead of 16 MiB copied. The memory figures are the
 # compiled programs' own `memory_analysis()`; the step times above are medians of 20 steps on this
@@ -212,7 +212,7 @@ print(strict_step.plan(params, opt_state, batch))
 # `donate.donate_buffer(x)` donates the input buffer `x` comes from, from anywhere inside the function
 # (here, no `donate_argnums` at all). From then on the returned value must be used; reading the original
 # `x` again would need the buffer that was given away. `donate.jit` refuses, naming both lines (in a notebook
-# the "file" is the cell's temporary file), and nothing is consumed.
+# by cell, `In[N]:line`, as IPython's tracebacks name them), and nothing is consumed.
 
 # %%
 def sgd(w, grad):

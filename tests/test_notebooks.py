@@ -39,6 +39,11 @@ assert ignored == plain and jax_donated == donated == annotated  # the claims of
 assert abs(plain - 9.83) < 0.05 and abs(donated - 7.83) < 0.05 and abs(floor / MiB - 6.51) < 0.01
 assert loss_addresses == {loss_address} and w1_addresses == {w1_address}
 assert losses_per_step[0] > 0.9 and losses_per_step[-1] < 0.3
+body = next(p for name, p in plans.items() if name.endswith("donate_buffer in body"))
+requested = [d.source for d in body.decisions if d.requested]
+assert requested and all(s.startswith("donate_buffer at In[") for s in requested), requested
+copied = [line for r in REPORTS["decode_copying"] for line in (r.value, *r.lines)]
+assert copied and all("In[" in s and "ipykernel" not in s for s in copied), copied
 """,
     "03_collectives_and_symmetric_memory": """
 assert same and bool(jnp.allclose(out, reference)) and x.is_deleted()

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import jax
 
+from donate._base.text import notebook_cells
+
 JAX_UNUSABLE_PREFIX = "Some donated buffers were not usable:"
 """How `jax.jit`'s own warning starts; donate's starts the same way, so filters keep working."""
 
@@ -82,7 +84,8 @@ def message(
   got: str | None = None,
   fix: str | None = None,
 ) -> str:
-  """Builds a message in the library's one shape.
+  """Builds a message in the library's one shape (in a notebook, source lines name their cell:
+  `In[3]:17`).
 
   >>> message("cannot donate", path="params['w']", expected="an array", got="int",
   ...         fix="pass an array")
@@ -100,4 +103,4 @@ def message(
   text += "."
   if fix:
     text += f" Fix: {fix}."
-  return text
+  return notebook_cells(text)

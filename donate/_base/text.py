@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import sys
 
 
 def is_symbolic(n) -> bool:
@@ -150,11 +151,39 @@ def notebook_cell(where: str) -> str:
   >>> notebook_cell("train.py:12 (step)")
   'train.py:12 (step)'
   """
-  import sys
-
-  ipython = sys.modules.get("IPython")
-  shell = ipython.get_ipython() if ipython is not None else None
+  named = _cell_namer()
   file, sep, _ = where.partition(" (")[0].rpartition(":")
-  named = getattr(getattr(shell, "compile", None), "format_code_name", None)
   label = named(file) if named is not None and sep else None
   return f"{label[1]}:{where[len(file) + 1 :]}" if label else where
+
+
+def notebook_cells(text: str) -> str:
+  """`text` with every `file:line` in it that is a Jupyter cell's temporary file named as IPython
+  names the cell (`In[3]:17`), as `notebook_cell` names one. For the words a user reads (a plan's
+  reasons and notes, a copy's explanation, an error): the source lines the library matches against
+  the compiled program's metadata keep the file's own name.
+
+  >>> notebook_cells("given up at train.py:12 (step), read at train.py:14 (step)")
+  'given up at train.py:12 (step), read at train.py:14 (step)'
+  """
+  named = _cell_namer()
+  if named is None or ":" not in text:
+    return text
+
+  def one(found: re.Match) -> str:
+    label = named(found.group(1))
+    return f"{label[1]}:{found.group(2)}" if label else found.group(0)
+
+  return _FILE_LINE.sub(one, text)
+
+
+# A file name (a Windows drive letter allowed) and a line number: `/tmp/ipykernel_7/12.py:17`.
+_FILE_LINE = re.compile(r"((?:[A-Za-z]:)?[^\s:()\[\],;'\"]+):(\d+)")
+
+
+def _cell_namer():
+  """The running IPython shell's `compile.format_code_name` (a cell's file -> `("Cell",
+  "In[3]")`, None for any other file), or None outside IPython."""
+  ipython = sys.modules.get("IPython")
+  shell = ipython.get_ipython() if ipython is not None else None
+  return getattr(getattr(shell, "compile", None), "format_code_name", None)

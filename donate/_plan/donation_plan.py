@@ -15,7 +15,7 @@ from typing import Any
 
 from donate._base import errors as _errors
 from donate._base.records import fast_init
-from donate._base.text import format_bytes, is_symbolic, shape_text, sharding_str
+from donate._base.text import format_bytes, is_symbolic, notebook_cell, shape_text, sharding_str
 from donate._plan import memory_stats as _memory_stats
 from donate._plan.decision_types import Action, Cause, Kind, Request
 from donate._plan.memory_stats import MemoryStats
@@ -166,11 +166,11 @@ class LeafDecision:
   @property
   def source(self) -> str:
     """How donation was asked for, in words ("donate_argnums", "donate_buffer at f.py:3", ...;
-    "-": it was not)."""
+    "-": it was not). In a notebook the line names its cell (`In[3]:17`); `where` keeps the file."""
     if self.request is None:
       return "-"
     label = Request(self.request).label
-    return f"{label} at {self.where}" if self.where else label
+    return f"{label} at {notebook_cell(self.where)}" if self.where else label
 
   @property
   def consumed(self) -> bool:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from donate._base import errors
-from donate._base.text import is_symbolic, shape_text, sharding_text
+from donate._base.text import is_symbolic, notebook_cell, shape_text, sharding_text
 from donate._plan import dataflow
 from donate._plan.decision_types import Action, Cause, Kind, Request
 from donate._plan.donation_plan import (
@@ -120,8 +120,8 @@ def _requests(
     kind = Request(a.kind)
     if a.origin is None:
       notes.append(
-        f"{kind.label} at {a.where} had no effect: the value is an intermediate or a "
-        "constant, not an input buffer (XLA already reuses intermediates)"
+        f"{kind.label} at {notebook_cell(a.where)} had no effect: the value is an intermediate "
+        "or a constant, not an input buffer (XLA already reuses intermediates)"
       )
     elif kind == Request.INNER_JIT and not adopt_inner:
       if a.origin not in sources:
@@ -309,8 +309,8 @@ def _decide(i, leaf, source, used, pairs, donor_out, outputs, leaves, ignored) -
     if i in ignored:
       cause = Cause.INNER_JIT_IGNORED
       reason = (
-        f"not donated: inner jax.jit donation at {ignored[i]} ignored (the caller did "
-        "not donate this argument)"
+        f"not donated: inner jax.jit donation at {notebook_cell(ignored[i])} ignored (the "
+        "caller did not donate this argument)"
       )
   elif leaf.kind == Kind.HOST:
     action, cause = Action.KEPT, Cause.NOT_A_DEVICE_BUFFER

@@ -22,6 +22,7 @@ import jax.extend as jex
 
 from donate._base import compat as _compat
 from donate._base.jaxprs import subs
+from donate._base.text import notebook_cell
 from donate._profile.variants import Change
 
 P = jax.checkpoint_policies
@@ -64,7 +65,7 @@ def facts(closed) -> tuple[bool, tuple[str, ...], tuple[str, ...], tuple[str, ..
 
 
 def _where(lines: tuple[str, ...]) -> str:
-  lines = tuple(os.path.basename(x) for x in lines if x != "<unknown>")
+  lines = tuple(os.path.basename(notebook_cell(x)) for x in lines if x != "<unknown>")
   return f" (at {', '.join(lines[:3])}{', ...' if len(lines) > 3 else ''})" if lines else ""
 
 

@@ -90,7 +90,7 @@ class CommBuffer:
       f" <- {self.producer}" + (" (custom op)" if self.custom_op else "")
     )
     if self.source_info:
-      text += f" at {self.source_info}"
+      text += f" at {notebook_cell(self.source_info)}"
     text += (
       f"; feeds {', '.join(self.collectives)}"
       if self.feeds_collective

@@ -28,7 +28,7 @@ import dataclasses
 import html
 
 from donate._base.errors import message
-from donate._base.text import format_bytes
+from donate._base.text import format_bytes, notebook_cells
 from donate._xla import copies_why, hlo
 from donate._xla.copy_record import CopyRecord, Loop
 
@@ -343,7 +343,10 @@ def _record(
   reason, lines, fix = copies_why.explain(a, comp, instr, origin, slot, value)
   input_path = a.path(origin.param) if origin.param is not None else None
   what = (instr.name, instr.opcode, shape.nbytes, shape.dims, shape.dtype or "?", loops, count)
-  where = tuple(dict.fromkeys(ln for ln in lines if ln))
+  where = tuple(dict.fromkeys(notebook_cells(ln) for ln in lines if ln))
+  # The words name a notebook's cells (`In[3]:17`); the loops keep their lines, which are keys.
+  value, reason = notebook_cells(value), notebook_cells(reason)
+  fix = notebook_cells(fix) if fix else fix
   return CopyRecord(*what, value, input_path, carry, donated, where, reason, fix)
 
 

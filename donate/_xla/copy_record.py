@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from donate._base.text import notebook_cell
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Loop:
@@ -26,7 +28,8 @@ class Loop:
 
   def __str__(self) -> str:
     trips = f"{self.trip_count} iterations" if self.trip_count is not None else "trip count unknown"
-    return f"{self.kind} at {self.line or self.name} ({trips})"
+    where = notebook_cell(self.line) if self.line else self.name
+    return f"{self.kind} at {where} ({trips})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
