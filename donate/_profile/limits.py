@@ -26,10 +26,11 @@ CUDA plugins of jaxlib 0.10.2 and 0.12) builds it:
 - else it grows on demand up to `total_memory * (1 - memory_fraction)`: the 25% JAX leaves;
 - `XLA_PYTHON_CLIENT_ALLOCATOR=platform`: no collective allocator ("Collective memory will not
   be allocated"); collective buffers come from CUDA like the rest, up to the whole card;
-- jaxlib 0.12 with `--xla_gpu_enable_allocator_spatial_partitioning` (XLA_FLAGS) and a
-  preallocated BFC pool: one pool serves both, default buffers from its low end and collective
-  ones from its high end, so collective bytes count against the usable limit with the rest
-  (the flag does not exist in jaxlib 0.10.2).
+- jaxlib 0.12 with `--xla_gpu_enable_allocator_spatial_partitioning` (on by default: its
+  XLA's dumped `compile_options.textproto` lists it `true` with no flag given; off with
+  `=false` in XLA_FLAGS) and a preallocated BFC pool: one pool serves both, default buffers from
+  its low end and collective ones from its high end, so collective bytes count against the usable
+  limit with the rest (the flag does not exist in jaxlib 0.10.2).
 
 `fit(..., collective_bytes=...)` checks a program's collective-memory peak against that region
 and its other bytes against the usable limit, and says which limits it used.
@@ -151,12 +152,11 @@ def collective(device, fraction: float | None = None, environ=None, version=None
     return Region(limit.card_bytes, True, why + "XLA_PYTHON_CLIENT_ALLOCATOR=platform)")
   version = tuple(jax.__version_info__[:2]) if version is None else tuple(version)
   preallocate = env.get("XLA_PYTHON_CLIENT_PREALLOCATE", "") not in ("false", "False", "0")
-  spatial = _xla_flag(env, SPATIAL_FLAG)
+  spatial = _xla_flag(env, SPATIAL_FLAG) or "true"  # XLA's default in jaxlib 0.12
   if (
     version >= (0, 12)
     and allocator in ("default", "bfc")
     and preallocate
-    and spatial is not None
     and spatial.lower() not in ("false", "0")
   ):
     return Region(limit.usable_bytes, True, f"one pool with the other buffers (--{SPATIAL_FLAG})")
