@@ -12,7 +12,10 @@ own peak is read, FLOPs from XLA's cost analysis):
 - checkpoint policies (`remat.changes`): every checkpoint's policy replaced by JAX's named
   ones, or, where the code has none, each layer loop's body checkpointed; where none of these
   can be compiled (a `Lowered` or `donate.jit` stage alone, layers unrolled rather than looped),
-  the source lines whose saved values a policy would recompute are stated, `peak_bytes` None.
+  the source lines whose saved values a policy would recompute are stated, `peak_bytes` None;
+- the optimizer state kept in host memory (`offload`), where JAX can express it for the
+  target; elsewhere (XLA:CPU, compile-only GPU devices) it is named with why it was not
+  measured (`offload.unsupported`) and the state's bytes.
 
 Nothing is compiled before `advice()` is called.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from donate._base.text import format_bytes
-from donate._profile import remat, schedule
+from donate._profile import offload, remat, schedule
 from donate._profile.variants import Change, Program
 
 # backend -> (change in words, option, value): XLA DebugOptions that move the peak.
@@ -133,7 +136,24 @@ def changes(profile, candidates=None) -> tuple[Change, ...]:
   traced = program.made.traced
   if program.can_retrace and traced is not None:
     found += remat.changes(traced.jaxpr, profile.platform)
+  host = offload.placement(profile) if profile.platform == "gpu" else None
+  if host is not None and offload.unsupported(profile) is None:
+    words = f"keep the optimizer state in host memory; {offload.CAVEAT}"
+    found.append(Change(words, offload.HOW, host=host))
   return tuple(c for c in found if _wanted(candidates, c.change, c.how))
+
+
+def _not_measured(profile, candidates) -> list[Advice]:
+  """The remedies named, not measured, on this target (`offload.unsupported`)."""
+  if offload.placement(profile) is None or (why := offload.unsupported(profile)) is None:
+    return []
+  state = sum(
+    e.nbytes for e in profile.at_peak if e.kind == "argument" and e.category == "optimizer state"
+  )
+  words = f"keep the optimizer state in host memory ({why})"
+  if not _wanted(candidates, words, offload.HOW):
+    return []
+  return [Advice(words, offload.HOW, None, state)]
 
 
 def advise(
@@ -174,4 +194,4 @@ def advise(
     )
   measured_remat = any(c.retraces for c in candidates_found)
   stated = () if measured_remat else _checkpoint_lines(profile)
-  return tuple(found) + tuple(stated)
+  return tuple(found) + tuple(stated) + tuple(_not_measured(profile, candidates))

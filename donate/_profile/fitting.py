@@ -100,8 +100,10 @@ class Plan:
 
 
 def _kind(c: Change) -> tuple:
-  if c.policy is not None or c.loop_policy is not None:
+  if c.policy is not None or c.loop_policy is not None or c.call_policy is not None:
     return ("checkpoint",)
+  if c.host is not None:
+    return ("host",)
   if c.options:
     return tuple(k for k, _ in c.options)
   return ("donate", c.donate)

@@ -52,17 +52,23 @@ class Remedies:
     """What the program holds on the device while it runs: `fits` compares it."""
     raise NotImplementedError
 
+  @property
+  def collective_peak_bytes(self) -> int:
+    """The most collective memory the program holds at once (in `needed_bytes` too)."""
+    return 0
+
   def fits(self, device, fraction: float | None = None) -> model.Fit:
     """Whether `reserved_bytes` fit what JAX's allocator gives a program on `device` (`"h100"`,
     `"b200"`, or a byte count as it is), read from the environment as the installed JAX does
     (75% of the card by default; `limits.usable`), or `fraction` of the card. Truthy when it
-    fits, with `usable_bytes`, `headroom_bytes`; `str()` says which limit and why.
+    fits, with `usable_bytes`, `headroom_bytes`; `str()` says which limit and why. Collective
+    memory is checked against its own region where it has one (`limits.collective`).
 
     Raises:
       DonationError: an unknown device name (the message lists the known ones).
     """
     try:
-      return limits.fit(self.needed_bytes, device, fraction)
+      return limits.fit(self.needed_bytes, device, fraction, None, self.collective_peak_bytes)
     except KeyError:
       errors.unknown_device(device)
       raise
@@ -169,6 +175,11 @@ class MemoryProfile(Remedies):
   def needed_bytes(self) -> int:
     """What the program holds on the device while it runs: `fits` compares it."""
     return max(self.reserved_bytes, self.peak_bytes)
+
+  @property
+  def collective_peak_bytes(self) -> int:
+    """The most collective memory live at one step of the schedule (`timeline`)."""
+    return max(self.timeline.collective_bytes, default=0)
 
   @property
   def free_at_peak_bytes(self) -> int:

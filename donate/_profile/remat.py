@@ -4,7 +4,11 @@ Where the code checkpoints (`jax.checkpoint`, flax's `nn.remat` / `nnx.remat`, e
 `filter_checkpoint`: all bind JAX's checkpoint primitive), every checkpoint's policy is replaced
 by each of JAX's named policies in turn, and by `save_only_these_names` for the names the code
 marks with `checkpoint_name`. Where it has none, the body of each layer loop (`lax.scan`,
-`fori_loop` with static bounds, flax's `nn.scan`) is checkpointed, with each policy in turn.
+`fori_loop` with static bounds, flax's `nn.scan`) is checkpointed, with each policy in turn;
+where it has no layer loop either, each repeated layer call of a model its code unrolls with a
+Python `for` (`layers.calls`: flax linen's `x = Block()(x)` per layer, an equinox list of
+layers) is wrapped in `jax.checkpoint` with each policy in turn, and `how` is the call's line
+rewritten (`nn.remat(Block, policy=...)`, `jax.checkpoint(layer, policy=...)`).
 
 On GPU targets the offload policies are measured too (`offload_dot_with_no_batch_dims`, and
 `save_and_offload_only_these_names` for the marked names): residuals kept in pinned host memory
@@ -23,6 +27,7 @@ import jax.extend as jex
 from donate._base import compat as _compat
 from donate._base.jaxprs import subs
 from donate._base.text import notebook_cell
+from donate._profile import layers
 from donate._profile.variants import Change
 
 P = jax.checkpoint_policies
@@ -105,12 +110,29 @@ def _policies(has: bool, names: tuple[str, ...], platform: str) -> list:
   return policies
 
 
+def _call_changes(repeats, policies) -> tuple[Change, ...]:
+  """Each repeated layer call checkpointed, under each policy (see the module)."""
+  r = repeats[0]
+  count = len(r.spans)
+  more = f" (and {len(repeats) - 1} more loop(s) of layers)" if len(repeats) > 1 else ""
+  found = []
+  for name, policy, words in policies:
+    change = f"checkpoint each of the {count} layer calls at {r.where}{more}, {name}: {words}"
+    line = layers.rewritten(r, name)
+    wrap = "nn.remat(Layer, policy=...)" if r.linen else "jax.checkpoint(layer, policy=...)"
+    how = f"{line} at {r.where}" if line else f"call {wrap} at {r.where}"
+    found.append(Change(change, how, call_policy=policy))
+  return tuple(found)
+
+
 def changes(closed, platform: str = "cpu") -> tuple[Change, ...]:
   """The checkpoint changes to measure for a step whose jaxpr is `closed`, compiled for
   `platform` (see the module)."""
   has, names, checkpoints, loops = facts(closed)
   if not has and not loops:
-    return ()
+    jaxpr = closed.jaxpr if isinstance(closed, jex.core.ClosedJaxpr) else closed
+    repeats = layers.calls(layers.forward(jaxpr.eqns))
+    return _call_changes(repeats, _policies(False, (), platform)) if repeats else ()
   policies = _policies(has, names, platform)
   found = []
   for name, policy, words in policies:

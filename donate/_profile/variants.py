@@ -27,6 +27,7 @@ from jax import tree_util
 
 from donate._base import compat as _compat
 from donate._base.jaxprs import subs
+from donate._profile import layers
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -34,7 +35,9 @@ class Change:
   """One change to a program, in words (`change`), as the code or option to write (`how`), and
   as what `Program.measure` applies: compiler `options` (pairs), more `donate`d positional
   arguments, a `policy` for every `jax.checkpoint`, a `loop_policy` checkpointing every
-  `lax.scan` body, a `batch` `(argnum, axis, size)`."""
+  `lax.scan` body, a `call_policy` checkpointing every repeated layer call (`layers.calls`), a
+  `batch` `(argnum, axis, size)`, `host` argument leaves and `(result, argument)` leaf pairs
+  kept in host memory (`offload`)."""
 
   change: str
   how: str
@@ -43,11 +46,13 @@ class Change:
   policy: Any = None
   loop_policy: Any = None
   batch: tuple[int, int, int] | None = None
+  call_policy: Any = None
+  host: tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | None = None
 
   @property
   def retraces(self) -> bool:
     """Whether applying it traces the user's function again."""
-    return (self.policy, self.loop_policy, self.batch) != (None, None, None)
+    return (self.policy, self.loop_policy, self.batch, self.call_policy) != (None,) * 4
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,15 +120,26 @@ def _host(compiled) -> int:
 def _merged(changes) -> Change:
   options: dict = {}
   donate: set[int] = set()
-  policy = loop_policy = batch = None
+  policy = loop_policy = batch = call_policy = host = None
   for c in changes:
+    host = c.host if c.host is not None else host
+    call_policy = c.call_policy if c.call_policy is not None else call_policy
     options.update(c.options)
     donate.update(c.donate)
     policy = c.policy if c.policy is not None else policy
     loop_policy = c.loop_policy if c.loop_policy is not None else loop_policy
     batch = c.batch if c.batch is not None else batch
   how = "; ".join(c.how for c in changes)
-  return Change("", how, tuple(options.items()), tuple(sorted(donate)), policy, loop_policy, batch)
+  donated = tuple(sorted(donate))
+  return Change(
+    "", how, tuple(options.items()), donated, policy, loop_policy, batch, call_policy, host
+  )
+
+
+def _retracing(merged: Change):
+  """`compat.retracing` with the checkpoint changes of `merged`."""
+  calls = None if merged.call_policy is None else (merged.call_policy, layers.calls)
+  return _compat.retracing(merged.policy, merged.loop_policy, calls)
 
 
 def batched(args: tuple, argnum: int, axis: int, size: int) -> tuple:
@@ -244,6 +260,8 @@ class Program:
   def _lowered_with(self, changes) -> tuple[Any, dict, Any]:
     merged = _merged(changes)
     options = {**self.options, **dict(merged.options)}
+    if merged.host is not None and not merged.retraces:
+      return self._on_host(self.made, merged), options, self.made.traced
     if not merged.retraces:
       return self._donating(self.made, merged.donate), options, self.made.traced
     if self.retrace is None:
@@ -251,9 +269,38 @@ class Program:
     args = self.args
     if merged.batch is not None:
       args = batched(args, *merged.batch)
-    with _compat.retracing(merged.policy, merged.loop_policy):
+    with _retracing(merged):
       made = self.retrace(args, self.kwargs)
+      if merged.host is not None:
+        return self._on_host(made, merged), options, made.traced
       return self._donating(made, merged.donate), options, made.traced
+
+  def _on_host(self, made: Made, merged: Change):
+    """The lowering of `made` with `merged.host` kept in host memory (`offload`)."""
+    from donate._profile import offload
+
+    if made.traced is None:
+      raise ValueError("the profile has no trace to place in host memory")
+    traced = self._traced_donating(made, merged.donate)
+    leaves = tree_util.tree_leaves((self.args, self.kwargs))
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def fallback(i: int):
+      return getattr(leaves[i], "sharding", None) or default if i < len(leaves) else default
+
+    host_in, pairs = merged.host or ((), ())
+    return offload.lowered_on_host(traced, host_in, pairs, fallback)
+
+  def _traced_donating(self, made: Made, argnums: tuple[int, ...]):
+    """`made.traced` donating the positional arguments `argnums` too."""
+    argnums = tuple(n for n in argnums if n not in self.donated_argnums)
+    if not argnums:
+      return made.traced
+    starts = [0]
+    for a in made.traced.args_info[0]:
+      starts.append(starts[-1] + len(tree_util.tree_leaves(a)))
+    leaves = {k for n in argnums for k in range(starts[n], starts[n + 1])}
+    return _compat.traced_with_donation(made.traced, leaves)
 
   def _donating(self, made: Made, argnums: tuple[int, ...]):
     argnums = tuple(n for n in argnums if n not in self.donated_argnums)
@@ -263,11 +310,7 @@ class Program:
       if made.lower_donating is None:
         raise ValueError("the profile has no trace to lower with more donations")
       return made.lower_donating(argnums)
-    starts = [0]
-    for a in made.traced.args_info[0]:
-      starts.append(starts[-1] + len(tree_util.tree_leaves(a)))
-    leaves = {k for n in argnums for k in range(starts[n], starts[n + 1])}
-    return _compat.traced_with_donation(made.traced, leaves).lower()
+    return self._traced_donating(made, argnums).lower()
 
   def compile(self, options: dict) -> int:
     """The peak with more compiler `options`."""
@@ -302,7 +345,7 @@ class Program:
     merged, retrace = _merged(changes), self.retrace
     if retrace is None:
       return None
-    with _compat.retracing(merged.policy, merged.loop_policy):
+    with _retracing(merged):
       traced = retrace(self.args, self.kwargs).traced
     if traced is None:
       return None
