@@ -64,6 +64,31 @@ def test_a_verdict_folds_repeated_layers_and_says_whether_it_fits():
   assert line.startswith(f"layers_step: peak {donate._base.text.format_bytes(p.peak_bytes)}")
   assert str(p.fits("h100")) in line
   assert "test_profile_report.py:" in str(top)
+  assert_groups_keep_lines_apart(p)
+
+
+def two_lines(x):
+  a = jnp.sin(x)
+  b = jnp.sin(x + 1)
+  return a, b
+
+
+def test_two_lines_of_one_scope_are_two_groups():
+  p = donate.memory_profile(jax.jit(two_lines), jnp.ones(1 << 20))
+  assert len({r.source for r in p.by_line()}) == 2
+  assert_groups_keep_lines_apart(p)
+
+
+def assert_groups_keep_lines_apart(p):
+  """Each group of the report is one source line's: its bytes by line equal `by_line()`'s."""
+  by_line, grouped = {}, {}
+  for r in p.by_line():
+    key = (os.path.basename(r.source), r.category)
+    by_line[key] = by_line.get(key, 0) + r.total_bytes
+  for g in report.groups(p):
+    if ".py:" in g.where:
+      grouped[(g.where, g.category)] = grouped.get((g.where, g.category), 0) + g.total_bytes
+  assert grouped == by_line
 
 
 def dense_step(params, x):
@@ -93,6 +118,7 @@ def test_a_line_is_the_users_frame_first_and_the_librarys_second():
   page = pages.program(p)
   assert f"in <code>{row.library}</code>" in page and f'"{row.library}"' in page  # table, hover
   assert "site-packages" not in page
+  assert_groups_keep_lines_apart(p)
 
 
 def broadcast(x):

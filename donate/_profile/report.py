@@ -95,8 +95,11 @@ def groups(p) -> list[Group]:
   for e in p.at_peak:
     if e.nbytes:
       # a line's values by scope; leaves by path, folded only with leaves of their size
-      key = f"{e.source} {layer_scope(e.scope or '')}" if e.source else e.path or e.value
-      key = _DIGITS.sub("#", key) + ("" if e.source else f" {e.nbytes}")
+      # (the line number is kept: only the layer numbers of a scope or a path fold)
+      if e.source:
+        key = f"{e.source} {_DIGITS.sub('#', layer_scope(e.scope or ''))}"
+      else:
+        key = f"{_DIGITS.sub('#', e.path or e.value)} {e.nbytes}"
       found.setdefault((e.category, key), []).append(e)
   out = []
   for (cat, _), es in found.items():
