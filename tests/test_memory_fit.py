@@ -297,30 +297,38 @@ def test_an_equinox_model_with_filter_checkpoint_measured_as_written():
 # -- host offload on compile-only H100s ------------------------------------------------------------
 
 
+def offload_step(policy):
+  """A scan over 4 layers, each checkpointed with `policy`, one value named "proj"."""
+  from jax.ad_checkpoint import checkpoint_name
+
+  def layer(w, h):
+    return jnp.tanh(checkpoint_name(h @ w, "proj") @ w)
+
+  def loss(ws, x):
+    def body(h, w):
+      return jax.checkpoint(layer, policy=policy)(w, h), None
+    h, _ = jax.lax.scan(body, x, ws)
+    return jnp.mean(h ** 2)
+  return jax.jit(lambda ws, x: ws - 0.1 * jax.grad(loss)(ws, x))
+
+
+def offload_args():
+  """`offload_step`'s arguments, abstract, replicated over 8 compile-only H100s."""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  s = NamedSharding(targets.gpu_mesh("h100", 8, ("x",)), P())
+  return (jax.ShapeDtypeStruct((4, 512, 512), jnp.float32, sharding=s),
+          jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=s))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not targets.available(), reason="needs the gpu-aot extra")
 def test_offload_on_h100s_is_measured_with_its_host_bytes():
   """On a GPU target the offload policies are compiled too: the peak and the host bytes equal
   the step written with the policy, compiled for 8 H100s; FLOPs from the traced matmuls (a
   compile-only GPU program has no cost analysis)."""
-  from jax.ad_checkpoint import checkpoint_name
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  def make(policy):
-    def layer(w, h):
-      return jnp.tanh(checkpoint_name(h @ w, "proj") @ w)
-
-    def loss(ws, x):
-      def body(h, w):
-        return jax.checkpoint(layer, policy=policy)(w, h), None
-      h, _ = jax.lax.scan(body, x, ws)
-      return jnp.mean(h ** 2)
-    return jax.jit(lambda ws, x: ws - 0.1 * jax.grad(loss)(ws, x))
-
-  s = NamedSharding(targets.gpu_mesh("h100", 8, ("x",)), P())
-  args = (jax.ShapeDtypeStruct((4, 512, 512), jnp.float32, sharding=s),
-          jax.ShapeDtypeStruct((1024, 512), jnp.float32, sharding=s))
+  make, args = offload_step, offload_args()
   p = donate.memory_profile(make(None), *args)
   assert p.platform == "gpu"
   offload = [a for a in p.advice(["pinned_host"])]

@@ -17,7 +17,7 @@ import pytest
 
 import _browser
 import donate
-from donate._profile import naming, report
+from donate._profile import naming, pages, report
 
 ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 DATA = pathlib.Path(__file__).resolve().parent / "data"
@@ -64,6 +64,83 @@ def test_a_verdict_folds_repeated_layers_and_says_whether_it_fits():
   assert line.startswith(f"layers_step: peak {donate._base.text.format_bytes(p.peak_bytes)}")
   assert str(p.fits("h100")) in line
   assert "test_profile_report.py:" in str(top)
+  assert_groups_keep_lines_apart(p)
+
+
+def two_lines(x):
+  a = jnp.sin(x)
+  b = jnp.sin(x + 1)
+  return a, b
+
+
+def test_two_lines_of_one_scope_are_two_groups():
+  p = donate.memory_profile(jax.jit(two_lines), jnp.ones(1 << 20))
+  assert len({r.source for r in p.by_line()}) == 2
+  assert_groups_keep_lines_apart(p)
+
+
+def assert_groups_keep_lines_apart(p):
+  """Each group of the report is one source line's: its bytes by line equal `by_line()`'s."""
+  by_line, grouped = {}, {}
+  for r in p.by_line():
+    key = (os.path.basename(r.source), r.category)
+    by_line[key] = by_line.get(key, 0) + r.total_bytes
+  for g in report.groups(p):
+    if ".py:" in g.where:
+      grouped[(g.where, g.category)] = grouped.get((g.where, g.category), 0) + g.total_bytes
+  assert grouped == by_line
+
+
+def dense_step(params, x):
+  import flax.linen as nn
+
+  def loss(params):
+    h = nn.Dense(512).apply(params, x)  # DENSE-CALL
+    return jnp.mean(jnp.tanh(h) ** 2)
+  return jax.tree.map(lambda w, g: w - 0.1 * g, params, jax.grad(loss)(params))
+
+
+def test_a_line_is_the_users_frame_first_and_the_librarys_second():
+  nn = pytest.importorskip("flax.linen")
+  x = jnp.ones((1024, 512))
+  params = nn.Dense(512).init(jax.random.key(0), x)
+  p = donate.memory_profile(jax.jit(dense_step), params, x)
+  call = next(k for k, ln in enumerate(open(__file__), 1) if "# DENSE-CALL" in ln)
+  mine = [e for e in p.at_peak if e.source and e.source.endswith(f"test_profile_report.py:{call}")]
+  assert mine and all(e.library.startswith("flax/linen/linear.py:") for e in mine), p.at_peak
+  own = [e for e in p.at_peak if e.source and e.source.endswith("test_profile_report.py:" +
+                                                                 str(call + 1))]
+  assert all(e.library is None for e in own)  # jnp.tanh at the user's line: no library's line
+  [row] = [r for r in p.by_line() if r.source.endswith(f":{call}")][:1]
+  assert row.library == mine[0].library
+  said = str(p)[str(p).index("by source line:"):]
+  assert f"test_profile_report.py:{call} (activations)\n{'':16}in {row.library}\n" in said, said
+  page = pages.program(p)
+  assert f"in <code>{row.library}</code>" in page and f'"{row.library}"' in page  # table, hover
+  assert "site-packages" not in page
+  assert_groups_keep_lines_apart(p)
+
+
+def broadcast(x):
+  return jnp.broadcast_to(x, (1024,))
+
+
+def iota():
+  return jnp.arange(256)
+
+
+def test_folded_programs_count_the_one_op_ones_by_kind():
+  ones = [donate.memory_profile(jax.jit(broadcast), 1.0) for _ in range(3)]
+  ones.append(donate.memory_profile(jax.jit(iota)))
+  big = donate.memory_profile(jax.jit(layers_step), [jnp.ones((256, 256))] * 2, jnp.ones((64, 256)))
+  assert len(ones[0].operations) == 1 and len(big.operations) > 1
+  shown, rest = report.ranked(ones + [big], top=10, min_share=0.01)
+  assert shown == [big]
+  line = report.folded(rest, 0.01)
+  assert line.startswith("4 more programs, each under 1% of the largest or past the top (")
+  assert line.endswith("together): 4 one-op programs (broadcast x 3, iota)"), line
+  mixed = report.folded(rest + [big], 0.01)
+  assert mixed.endswith(": 4 one-op programs (broadcast x 3, iota), 1 other (layers_step)")
 
 
 def test_a_compiled_gives_the_same_plan_whichever_is_asked_first():
@@ -115,7 +192,8 @@ def test_the_gpt_report_has_an_index_verdicts_and_grouped_lines(gpt_runs):
   verdict = next(ln for ln in run.stderr.splitlines() if ln.startswith("  train_step: peak"))
   assert "activations (4 layers x " in verdict and "gpt_linen.py:" in verdict
   assert "(h_0..h_3/attn)" in verdict and "fits an H100" in verdict
-  assert re.search(r"\d+ more programs, each under 1% of the largest", run.stderr)
+  folded = re.search(r"\d+ more programs, each under 1% of the largest.*", run.stderr).group(0)
+  assert re.search(r": \d+ one-op programs \((broadcast_in_dim|iota) x \d+, ", folded), folded
   index = (cwd / "run1" / "index.html").read_text()
   assert "train_step" in index and "id='verdict'" in index
   [page] = (cwd / "run1").glob("*_train_step.html")
@@ -168,11 +246,17 @@ def test_nnx_and_equinox_scripts_get_a_verdict(tmp_path, name, where):
     text = page.read_text()
     assert "model.linear1.kernel" in text and "optimizer.opt_state[0].mu.linear1.kernel" in text
     assert "model.states[0]" not in text and "optimizer.states[0]" not in text
+    # the step's outputs too: the new value of each leaf by its graph path, not out[14]
+    assert re.search(r"donate model\.linear1\.kernel \([^)]*\): model\.linear1\.kernel can", text)
+    assert not re.search(r"out\[\d", text), re.findall(r".{60}out\[\d.{20}", text)
   if name == "mlp_equinox":  # eqx.filter_jit's leaves by parameter and field, not dynamic_...
     [page] = (tmp_path / "pages").glob("*_train_step.html")
     text = page.read_text().split("<details><summary>The full text")[0]
     assert "model.hidden.weight" in text and "opt_state[0].mu.hidden.weight" in text
     assert "dynamic_nodonate[" not in text
+    # what to write is equinox's keyword, not filter_jit's inner argument
+    assert "donate model.hidden.weight (eqx.filter_jit(donate=&quot;all&quot;))" in text
+    assert "dynamic_nodonate" not in page.read_text() and "dynamic_donate" not in text
 
 
 @pytest.mark.slow
@@ -232,3 +316,31 @@ def test_the_pages_in_chromium_show_the_verdict_without_errors(gpt_runs):
   assert seen["errors"] == [] and seen["width"] <= 1280, seen
   assert seen["verdict"].startswith("train_step: peak") and "fits an H100" in seen["verdict"]
   assert "bytes: " in seen["tip"] and "category: " in seen["tip"], seen["tip"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not donate.targets.available(), reason="needs the gpu-aot extra")
+def test_host_bytes_stand_beside_device_bytes_for_an_offload_on_h100s():
+  """The smallest offload step of tests/test_memory_fit.py, compiled for 8 H100s: the profile of
+  the step written with the offload policy, and the measured offload remedy of the step without
+  it, say their host bytes beside the device's in the text, the verdict and the page."""
+  from donate._base.text import format_bytes
+  from test_memory_fit import offload_args, offload_step as make
+
+  args = offload_args()
+  policy = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+  written = make(policy)
+  stats = written.lower(*args).compile().memory_analysis()
+  p = donate.memory_profile(written, *args)
+  host = (stats.host_argument_size_in_bytes + stats.host_output_size_in_bytes
+          - stats.host_alias_size_in_bytes + stats.host_temp_size_in_bytes)
+  assert p.host_bytes == host > 0
+  both = f"peak {format_bytes(p.peak_bytes)} device + {format_bytes(host)} host"
+  assert both in str(p) and both in report.verdict(p, "h100") and both in pages.program(p)
+
+  plain = donate.memory_profile(make(None), *args)
+  assert plain.host_bytes == 0 and " host" not in report.verdict(plain)
+  [offload] = plain.advice(["offload_dot_with_no_batch_dims"])
+  assert offload.host_bytes > 0
+  said = f"{format_bytes(offload.peak_bytes)} device + {format_bytes(offload.host_bytes)} host"
+  assert said in pages.program(plain, "h100", [offload])

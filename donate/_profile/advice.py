@@ -128,6 +128,8 @@ def changes(profile, candidates=None) -> tuple[Change, ...]:
   if argnums and program.can_donate:
     every = tuple(sorted(set(argnums) | set(program.donated_argnums)))
     how = "donate_argnums=" + (str(every[0]) if len(every) == 1 else str(every))
+    own = {s.how for s in profile.could_donate if s.how is not None}
+    how = own.pop() if len(own) == 1 else how  # the user's framework's keyword
     words = "donate " + ", ".join(s.path for s in profile.could_donate)
     found.append(Change(words, how, donate=argnums))
   for change, option, value in OPTIONS.get(profile.platform, ()):

@@ -93,7 +93,18 @@ def assemble(
     shadowed,
     timeline.constant_bytes,
     layout=_layout(dump, buffers),
+    operations=operations(module),
+    host_bytes=reading.host_bytes(dump),
   )
+
+
+_NOT_COMPUTING = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast", "copy")
+
+
+def operations(module: _hlo.Module) -> tuple[str, ...]:
+  """The opcodes of the entry computation's instructions that compute (not parameters,
+  constants, tuples, bitcasts, copies), in order: one for a program that runs one operation."""
+  return tuple(i.opcode for i in module.entry.instructions if i.opcode not in _NOT_COMPUTING)
 
 
 def _layout(dump, buffers) -> tuple:
@@ -118,7 +129,7 @@ def _categorized(flow, module, pairing, params, outs, constants, live):
   constants = [dataclasses.replace(e, category="constants") for e in constants]
   named = []
   for e in live:
-    source, function = categories.layer_source(flow, e)
+    source, function, library = categories.layer_source(flow, e)
     named.append(
       dataclasses.replace(
         e,
@@ -126,6 +137,7 @@ def _categorized(flow, module, pairing, params, outs, constants, live):
         repeat=categories.repeat_of(flow, e),
         source=source or e.source,
         function=function,
+        library=library if source else e.library,
       )
     )
   return params, outs, constants, named
@@ -190,6 +202,7 @@ def _owners(dump, module, in_paths, out_paths):
           False,
           None,
           k,
+          library=naming.library_of(module, instr),
         )
       )
   return params, outs
@@ -213,6 +226,7 @@ def _constants(dump, module, steps: int) -> list[Entry]:
           None,
           naming.scope_of(module, instr),
           (0, steps),
+          library=naming.library_of(module, instr),
         )
       )
   return found
@@ -245,6 +259,7 @@ def _temp_entry(module, buffer: reading.Buffer, step: int, collective: bool, pat
     path,
     naming.scope_of(module, instr),
     (buffer.start, buffer.end),
+    library=naming.library_of(module, instr) if source is not None else None,
   )
 
 

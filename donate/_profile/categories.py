@@ -182,9 +182,10 @@ def repeat_of(flow: Flow, entry) -> int:
   return trips if trips and dims and dims[0] == trips and trips > 1 else 1
 
 
-def layer_source(flow: Flow, entry) -> tuple[str | None, str | None]:
-  """(file:line, function) of the value a loop stacks into one of its outputs (the update a
-  `scan`'s dynamic-update-slice writes), else of the buffer's own instruction."""
+def layer_source(flow: Flow, entry) -> tuple[str | None, str | None, str | None]:
+  """(file:line, function, the library's line) of the value a loop stacks into one of its
+  outputs (the update a `scan`'s dynamic-update-slice writes), else of the buffer's own
+  instruction."""
   module = flow.module
   base, _, rest = entry.value.partition("{")
   index = tuple(int(k) for k in rest.rstrip("}").split(",") if k.strip().isdigit())
@@ -203,7 +204,7 @@ def layer_source(flow: Flow, entry) -> tuple[str | None, str | None]:
       where = _located(module, update)
       if where is not None:
         return where
-  return _located(module, module.find(naming.instruction_name(base))) or (None, None)
+  return _located(module, module.find(naming.instruction_name(base))) or (None, None, None)
 
 
 def _written_update(module: _hlo.Module, instr):
@@ -234,12 +235,14 @@ def _written_update(module: _hlo.Module, instr):
   return None
 
 
-def _located(module: _hlo.Module, instr) -> tuple[str | None, str | None] | None:
+def _located(module: _hlo.Module, instr) -> tuple[str | None, str | None, str | None] | None:
+  """(file:line, function, the library's line) of `instr` or of what it copies or carries."""
   if instr is None:
     return None
   found = naming._speaker(module, instr, lambda i: naming._own_source(module, i) is not None)
-  where = naming._own_source(module, found) if found is not None else None
+  where, library = naming._own_lines(module, found) if found is not None else (None, None)
   if where is None:
     return None
   head, sep, tail = where.partition(" (")
-  return (head, tail.rstrip(")") or None) if sep else (where, None)
+  library = naming.library_line(where, library)
+  return (head, tail.rstrip(")") or None, library) if sep else (where, None, library)

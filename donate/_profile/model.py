@@ -41,6 +41,8 @@ class Entry:
     function: the user's function at `source`, where XLA's metadata names it.
     repeat: how many layers' values the buffer holds (a `scan` over layers stacks each layer's
       residual into one buffer: its trip count), else 1.
+    library: the library's `file:line` under the user's line, where the innermost frame is an
+      installed package's (`flax/linen/linear.py:287`), else None.
   """
 
   nbytes: int
@@ -57,6 +59,7 @@ class Entry:
   category: str = "temporaries"
   function: str | None = None
   repeat: int = 1
+  library: str | None = None
 
   @property
   def attributed(self) -> bool:
@@ -214,7 +217,8 @@ class Group:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Line:
   """Bytes of one category at the peak made at one source line: `count` layers' values (a
-  scanned layer's stacked residual counts its trip count).
+  scanned layer's stacked residual counts its trip count); `library`: the library's line under
+  it that made the most of them (`flax/linen/linear.py:287`), where there is one.
 
   >>> str(Line("model.py:3", "layer", 32 << 20, 4, "activations"))
   '4 x 8.0 MiB, layer() at model.py:3 (activations)'
@@ -225,6 +229,7 @@ class Line:
   total_bytes: int
   count: int
   category: str
+  library: str | None = None
 
   def __str__(self) -> str:
     import os
@@ -238,6 +243,15 @@ class Line:
   def bytes(self) -> int:
     """The old name of `total_bytes`."""
     return self.total_bytes
+
+
+def library(entries) -> str | None:
+  """The library's line that made the most bytes of `entries`, or None without one."""
+  made: dict[str, int] = {}
+  for e in entries:
+    if e.library:
+      made[e.library] = made.get(e.library, 0) + e.nbytes
+  return max(made, key=lambda k: made[k]) if made else None
 
 
 def lines(entries) -> tuple[Line, ...]:
@@ -254,6 +268,7 @@ def lines(entries) -> tuple[Line, ...]:
       sum(e.nbytes for e in es),
       sum(e.repeat for e in es),
       category,
+      library(es),
     )
     for (source, category), es in found.items()
   ]
@@ -263,17 +278,23 @@ def lines(entries) -> tuple[Line, ...]:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Suggestion:
   """An input not donated whose buffer an output of the same shape, dtype and sharding could
-  reuse: donating it lowers the peak by its size, `nbytes` (unless XLA then needs a copy)."""
+  reuse: donating it lowers the peak by its size, `nbytes` (unless XLA then needs a copy).
+  `how`: what to write in the user's framework's terms where jax.jit's keywords are not theirs
+  (`eqx.filter_jit(donate="all")`)."""
 
   path: str
   output: str
   nbytes: int
   argnum: int | None
   argname: str
+  how: str | None = None
 
   @property
   def keyword(self) -> str:
-    """What to write: `donate_argnums=N` (or `donate_argnames='name'` without a position)."""
+    """What to write: `donate_argnums=N` (or `donate_argnames='name'` without a position), or
+    the framework's own keyword (`how`)."""
+    if self.how is not None:
+      return self.how
     if self.argnum is not None:
       return f"donate_argnums={self.argnum}"
     return f"donate_argnames={self.argname!r}"

@@ -25,6 +25,7 @@ its operand, a loop body's parameter for the loop that calls it, a fusion withou
 from __future__ import annotations
 
 from donate._base.text import notebook_cell
+from donate._xla import frames as _frames
 from donate._xla import hlo as _hlo
 
 _FORWARDING = (
@@ -74,26 +75,48 @@ def _short(where: str | None) -> str | None:
   return head if sep else where
 
 
-def _own_source(module: _hlo.Module, instr: _hlo.Instruction) -> str | None:
-  """`instr`'s source line, or for a fusion without one the first line of its kernel's (a
-  notebook cell's file named as IPython names the cell)."""
-  found = module.source(instr)
+def _own_lines(module: _hlo.Module, instr: _hlo.Instruction) -> tuple[str | None, str | None]:
+  """`instr`'s source line and its library's line (where the innermost frame is a library's),
+  or for a fusion without a line its kernel's first (a notebook cell's file named as IPython
+  names the cell)."""
+  found, where = module.source(instr), instr
   if found is None and instr.opcode == "fusion":
     for name in instr.calls:
       comp = module.computations.get(name)
       for inner in comp.instructions if comp is not None else ():
-        found = module.source(inner)
+        found, where = module.source(inner), inner
         if found is not None:
           break
       if found is not None:
         break
-  return notebook_cell(found) if found is not None else None
+  if found is None:
+    return None, None
+  library = module.library_source(where)
+  return notebook_cell(found), library
+
+
+def _own_source(module: _hlo.Module, instr: _hlo.Instruction) -> str | None:
+  return _own_lines(module, instr)[0]
 
 
 def source_of(module: _hlo.Module, instr: _hlo.Instruction | None) -> str | None:
   """The user's `file:line` for `instr`, or for what it copies or carries; None if unknown."""
   found = _speaker(module, instr, lambda i: _own_source(module, i) is not None)
   return _short(_own_source(module, found)) if found is not None else None
+
+
+def library_of(module: _hlo.Module, instr: _hlo.Instruction | None) -> str | None:
+  """The library's `file:line` (`flax/linen/linear.py:287`) of the instruction whose user's line
+  `source_of` gives, where that differs from the user's; None if there is none."""
+  found = _speaker(module, instr, lambda i: _own_source(module, i) is not None)
+  return library_line(*_own_lines(module, found)) if found is not None else None
+
+
+def library_line(user: str | None, library: str | None) -> str | None:
+  """`library` as its package's `file:line`, None when it is missing or the user's own line."""
+  if library is None or user is None or _short(library) == _short(user):
+    return None
+  return _frames.package_line(library)
 
 
 def argument_of(module: _hlo.Module, instr: _hlo.Instruction | None) -> int | None:

@@ -101,13 +101,15 @@ def index(found: list, device=None, advice=None, top=10, min_share=0.01, compare
 def _groups_table(p) -> str:
   rows = "".join(
     f"<tr><td class='n'>{esc(format_bytes(g.total_bytes))}</td><td>{esc(g.category)}</td>"
-    f"<td><code>{esc(str(g))}</code></td></tr>"
+    f"<td><code>{esc(str(g))}</code>"
+    + (f"<br><span class='muted'>in <code>{esc(g.library)}</code></span>" if g.library else "")
+    + "</td></tr>"
     for g in report.groups(p)[:40]
   )
   return (
     "<table><colgroup><col style='width:11%'><col style='width:15%'><col></colgroup>"
     "<tr><th class='n'>bytes</th><th>category</th><th>buffers (layers x count x size at the "
-    f"line, scopes)</th></tr>{rows}</table>"
+    f"user's line, scopes; the library's line under it)</th></tr>{rows}</table>"
   )
 
 
@@ -155,21 +157,26 @@ def _remedies(items) -> str:
       "or in Python <code>donate.memory_profile(jax.jit(f), *args).advice()</code>.</p>"
     )
   rows = "".join(
-    f"<tr><td>{esc(report.change(a))}</td><td class='n'>"
-    f"{esc(format_bytes(a.saving_bytes)) if a.peak_bytes is not None else 'stated'}</td>"
-    f"<td><code>{esc(a.how)}</code></td></tr>"
+    f"<tr><td>{esc(report.change(a))}</td>"
+    + (
+      f"<td>{esc(views.device(a))}</td><td class='n'>{esc(format_bytes(a.saving_bytes))}</td>"
+      if a.peak_bytes is not None
+      else f"<td>stated</td><td class='n'>{esc(format_bytes(a.saving_bytes))}</td>"
+    )
+    + f"<td><code>{esc(a.how)}</code></td></tr>"
     for a in items
   )
   return (
-    "<table><colgroup><col style='width:40%'><col style='width:12%'><col></colgroup>"
-    f"<tr><th>change</th><th class='n'>saved at the peak</th><th>how</th></tr>{rows}</table>"
+    "<table><colgroup><col style='width:32%'><col style='width:18%'><col style='width:11%'>"
+    "<col></colgroup><tr><th>change</th><th>peak</th><th class='n'>saved at the "
+    f"peak</th><th>how</th></tr>{rows}</table>"
   )
 
 
 def program(p, device=None, advice=None, fit=None) -> str:
   """One program's page (see the module docstring)."""
   figures = (
-    f"peak {format_bytes(p.peak_bytes)} at step {p.peak_step} of {len(p.timeline)}; "
+    f"peak {views.device(p)} at step {p.peak_step} of {len(p.timeline)}; "
     f"{format_bytes(p.reserved_bytes)} allocated: arguments {format_bytes(p.argument_bytes)}, "
     f"outputs {format_bytes(p.output_bytes)}, aliased {format_bytes(p.alias_bytes)}, "
     f"temporaries {format_bytes(p.temp_bytes)}"

@@ -144,6 +144,10 @@ class MemoryProfile(Remedies):
   saving: Saving | None = dataclasses.field(default=None, compare=False)  # measured on demand
   program: object = dataclasses.field(default=None, compare=False)  # `variants.Program` or None
   layout: tuple = dataclasses.field(default=(), compare=False)  # `treemap.packing`'s buffers
+  # the opcodes of the entry's instructions that compute (a fusion is one): one for an operation
+  # run eagerly, which JAX compiles alone as a program named after it (`broadcast_in_dim`)
+  operations: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+  host_bytes: int = 0  # what it keeps in host memory (offload): `memory_analysis()`'s host fields
 
   @property
   def peak_without_donation_bytes(self) -> int | None:

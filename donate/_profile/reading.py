@@ -149,6 +149,17 @@ def totals(dump: Dump) -> dict[str, int]:
   return out
 
 
+def host_bytes(dump: Dump) -> int:
+  """What the program keeps in host memory (offloaded values, arguments and outputs with a host
+  memory kind): its host allocations' bytes, as `memory_analysis()`'s host fields sum them
+  (arguments + outputs - aliased + temporaries)."""
+  return sum(
+    a.nbytes
+    for a in dump.allocations
+    if not on_device(a) and (parameter_number(a) is not None or is_output(a) or is_temp(a))
+  )
+
+
 def live_range(dump: Dump, name: str) -> tuple[int, int] | None:
   """[start, end) steps of value `name`, clipped to the schedule; None if XLA gives no range."""
   found = dump.ranges.get(name if "{" in name else name + "{}")

@@ -13,10 +13,12 @@ Without `--advice` nothing is installed.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 _MOST = 4  # calls noted per jitted function
-_noted: list[tuple[Any, tuple, dict]] = []  # (jitted, abstract args, abstract kwargs)
+# (jitted, abstract args, abstract kwargs, abstract outputs)
+_noted: list[tuple[Any, tuple, dict, Any]] = []
 
 
 class _Traced(Exception):
@@ -33,6 +35,17 @@ def _abstract(x):
   return x
 
 
+def _outputs(out):
+  """`out` with its arrays as `jax.ShapeDtypeStruct`s (the tree and its nodes kept: flax nnx's
+  `NodeStates` carry the graph definition that names their leaves)."""
+  import jax
+
+  try:
+    return jax.tree.map(_abstract, out)
+  except _Traced:
+    return None
+
+
 class _Noted:
   """A jitted function that notes its first calls' abstract arguments."""
 
@@ -41,6 +54,7 @@ class _Noted:
     functools.update_wrapper(self, jitted)
 
   def __call__(self, *args, **kwargs):
+    spec = None
     if self._calls < _MOST:
       import jax
 
@@ -48,10 +62,11 @@ class _Noted:
         spec = jax.tree.map(_abstract, (args, kwargs))
       except _Traced:
         spec = None
-      if spec is not None:
-        self._calls += 1
-        _noted.append((self._jitted, *spec))
-    return self._jitted(*args, **kwargs)
+    out = self._jitted(*args, **kwargs)
+    if spec is not None:
+      self._calls += 1
+      _noted.append((self._jitted, *spec, _outputs(out)))
+    return out
 
   def __getattr__(self, name):
     return getattr(self._jitted, name)
@@ -81,7 +96,7 @@ def profile_like(p):
   with that name, each read once)."""
   from donate._profile.api import memory_profile
 
-  for jitted, args, kwargs in _noted:
+  for jitted, args, kwargs, _ in _noted:
     name = getattr(jitted, "__name__", None)
     if name != p.function:
       continue
@@ -92,6 +107,10 @@ def profile_like(p):
     if found.peak_bytes == p.peak_bytes:
       return rename(found, names())
   return None
+
+
+def _graph_path(path) -> str:
+  return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
 
 
 def _graph_names(name: str, value) -> dict[str, str]:
@@ -111,11 +130,39 @@ def _graph_names(name: str, value) -> dict[str, str]:
     return {}
   if len(paths) != len(states[0]):
     return {}
-  return {
-    f"{name}.states[0][{k}]": name
-    + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
-    for k, path in enumerate(paths)
-  }
+  return {f"{name}.states[0][{k}]": name + _graph_path(path) for k, path in enumerate(paths)}
+
+
+def _nnx_outputs(jitted, params: list[str], out) -> dict[str, str]:
+  """Under `nnx.jit` the program returns `(args, kwargs, out)`: each graph node argument's state
+  after the step (a `NodeStates`, as it came in), then what the user's function returns. JAX
+  names their leaves `out[0][0].states[0][5]` (the command line's dump: `out[14]`, the position);
+  their names as the user's: the node's graph paths (`model.linear1.kernel`, the new value of
+  that leaf), and `out` for what the function returns (`out[1]` for its second leaf path)."""
+  from jax import tree_util
+
+  inner = getattr(jitted, "__wrapped__", None)
+  if type(inner).__name__ != "JitFn" or not (isinstance(out, tuple) and len(out) == 3):
+    return {}
+  args, kwargs, returned = out
+  if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+    return {}
+  tops = [(params[i] if i < len(params) else f"args[{i}]", x) for i, x in enumerate(args)]
+  graph: dict[str, str] = {}
+  for name, value in [*tops, *kwargs.items(), ("out", returned)]:
+    graph.update(_graph_names(str(name), value))
+  found = {}
+  for k, (path, _) in enumerate(tree_util.tree_flatten_with_path(out)[0]):
+    head = getattr(path[0], "idx", None)
+    if head == 0 and len(path) > 1:
+      i = getattr(path[1], "idx", 0)
+      mine = tops[i][0] + tree_util.keystr(path[2:])
+    elif head == 1 and len(path) > 1:
+      mine = str(getattr(path[1], "key", "kwargs")) + tree_util.keystr(path[2:])
+    else:
+      mine = "out" + tree_util.keystr(path[1:])
+    found[f"out[{k}]"] = found["out" + tree_util.keystr(path)] = graph.get(mine, mine)
+  return found
 
 
 def _equinox_names(bound: dict) -> dict[str, str]:
@@ -158,40 +205,67 @@ def _equinox_names(bound: dict) -> dict[str, str]:
   return found
 
 
-def names() -> dict[str, str]:
-  """The user's names of the leaves JAX names by position, from the noted calls: flax nnx graph
-  paths under `nnx.jit` (`_graph_names`), equinox fields under `eqx.filter_jit`
-  (`_equinox_names`)."""
+def names() -> dict[str, dict[str, str]]:
+  """Per jitted function's name, the user's names of the leaves JAX names by position, from the
+  noted calls: flax nnx graph paths under `nnx.jit` for its arguments (`_graph_names`) and its
+  outputs (`_nnx_outputs`), equinox fields under `eqx.filter_jit` (`_equinox_names`)."""
   import inspect
 
-  found: dict[str, str] = {}
-  for jitted, args, kwargs in _noted:
+  found: dict[str, dict[str, str]] = {}
+  for jitted, args, kwargs, out in _noted:
     try:
-      bound = inspect.signature(jitted).bind(*args, **kwargs).arguments
+      signature = inspect.signature(jitted)
+      bound = signature.bind(*args, **kwargs).arguments
     except (TypeError, ValueError):
       continue
+    mine = found.setdefault(getattr(jitted, "__name__", "?"), {})
     for name, value in bound.items():
-      found.update(_graph_names(name, value))
+      mine.update(_graph_names(name, value))
     try:
-      found.update(_equinox_names(bound))
+      mine.update(_nnx_outputs(jitted, list(signature.parameters), out))
+    except Exception:  # noqa: BLE001 - another flax: JAX's positional names stay
+      pass
+    try:
+      mine.update(_equinox_names(bound))
     except Exception:  # noqa: BLE001 - another equinox: JAX's positional names stay
       pass
   return found
 
 
-def rename(p, names: dict[str, str]):
-  """`p` with the paths of its arguments, suggestions and donations in the user's `names`."""
+_EQUINOX = re.compile(r"dynamic_(?:no)?donate\['(first|rest)'\]")
+
+
+def _equinox_keyword(could_donate) -> str | None:
+  """What an `eqx.filter_jit` user writes to donate what `could_donate` names (JAX's names of
+  its leaves, `dynamic_nodonate['first'][0]`): `donate="all"` where a leaf of the first argument
+  is among them, else `donate="all-except-first"`; None outside `eqx.filter_jit`."""
+  found = {m.group(1) for s in could_donate if (m := _EQUINOX.match(s.path))}
+  if not found:
+    return None
+  return f'eqx.filter_jit(donate="{"all" if "first" in found else "all-except-first"}")'
+
+
+def rename(p, names: dict[str, dict[str, str]]):
+  """`p` with the paths of its arguments, outputs, suggestions and donations in the user's
+  `names` of its function (`names()`), and what to write to donate under `eqx.filter_jit` in its
+  terms (`_equinox_keyword`)."""
   import dataclasses
 
-  if not names:
+  mine = names.get(p.function, {})
+  keyword = _equinox_keyword(p.could_donate)
+  if not mine and keyword is None:
     return p
 
   def fix(items):
-    return tuple(
-      dataclasses.replace(x, path=names[x.path]) if getattr(x, "path", None) in names else x
-      for x in items
-    )
+    out = []
+    for x in items:
+      change = {k: mine[v] for k in ("path", "output") if (v := getattr(x, k, None)) in mine}
+      out.append(dataclasses.replace(x, **change) if change else x)
+    return tuple(out)
 
+  could = fix(p.could_donate)
+  if keyword is not None:
+    could = tuple(dataclasses.replace(s, how=keyword) for s in could)
   return dataclasses.replace(
-    p, at_peak=fix(p.at_peak), could_donate=fix(p.could_donate), shadowed=fix(p.shadowed)
+    p, at_peak=fix(p.at_peak), could_donate=could, shadowed=fix(p.shadowed)
   )

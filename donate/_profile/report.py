@@ -21,6 +21,8 @@ import os
 import re
 
 from donate._base.text import format_bytes
+from donate._profile import views
+from donate._profile.model import library
 from donate._profile.naming import layer_scope
 from donate._profile.naming import middle as _clip
 
@@ -63,6 +65,7 @@ class Group:
   each: int | None  # the size of every buffer, when they are all one size
   where: str  # the source line (file:line) or the path
   scope: str  # the scopes (or paths), layer numbers folded
+  library: str | None = None  # the library's line under `where` (`flax/linen/linear.py:287`)
 
   def __str__(self) -> str:
     size = format_bytes(self.each) if self.each is not None else None
@@ -92,8 +95,11 @@ def groups(p) -> list[Group]:
   for e in p.at_peak:
     if e.nbytes:
       # a line's values by scope; leaves by path, folded only with leaves of their size
-      key = f"{e.source} {layer_scope(e.scope or '')}" if e.source else e.path or e.value
-      key = _DIGITS.sub("#", key) + ("" if e.source else f" {e.nbytes}")
+      # (the line number is kept: only the layer numbers of a scope or a path fold)
+      if e.source:
+        key = f"{e.source} {_DIGITS.sub('#', layer_scope(e.scope or ''))}"
+      else:
+        key = f"{_DIGITS.sub('#', e.path or e.value)} {e.nbytes}"
       found.setdefault((e.category, key), []).append(e)
   out = []
   for (cat, _), es in found.items():
@@ -107,7 +113,9 @@ def groups(p) -> list[Group]:
     count = sum(e.repeat for e in es)
     each = sizes.pop() if len(sizes) == 1 and count == len(es) else None
     total = sum(e.nbytes for e in es)
-    out.append(Group(cat, total, share.get(cat, 0.0), count, layers, each, where, scope))
+    out.append(
+      Group(cat, total, share.get(cat, 0.0), count, layers, each, where, scope, library(es))
+    )
   return sorted(out, key=lambda g: (-g.total_bytes, g.category, g.where))
 
 
@@ -126,13 +134,17 @@ def remedies(items) -> str:
   found.sort(key=lambda a: -a.saving_bytes)
   if not found:
     return "measured: nothing offered lowers the peak" if items else ""
-  return "measured: " + ", ".join(f"{change(a)} -{format_bytes(a.saving_bytes)}" for a in found[:3])
+  return "measured: " + ", ".join(
+    f"{change(a)} -{format_bytes(a.saving_bytes)}"
+    + (f" (+{format_bytes(a.host_bytes)} host)" if getattr(a, "host_bytes", 0) else "")
+    for a in found[:3]
+  )
 
 
 def change(a) -> str:
   """A remedy's change in a few words: donating a set of leaves is named by the arguments they
   belong to (`donating state (donate_argnums=0)`), one measured total, the leaves folded."""
-  if a.how.startswith("donate_arg") and a.change.startswith("donate "):
+  if "donate" in a.how and a.change.startswith("donate "):
     heads = dict.fromkeys(
       re.split(r"[.\[]", path, maxsplit=1)[0] for path in a.change[len("donate ") :].split(", ")
     )
@@ -143,7 +155,7 @@ def change(a) -> str:
 def verdict(p, device=None, advice=None) -> str:
   """One line a user acts on: the peak, the top category with its grouping, whether it fits
   `device` (`str(p.fits(device))`) and the measured `advice` (`p.advice()`'s items)."""
-  line = f"{p.function}: peak {format_bytes(p.peak_bytes)}"
+  line = f"{p.function}: peak {views.device(p)}"
   g = top_group(p)
   if g is not None:
     line += f", {g.share:.0%} {g.category} ({g})"
@@ -165,15 +177,33 @@ def ranked(found: list, top: int, min_share: float) -> tuple[list, list]:
 
 
 def folded(rest: list, min_share: float) -> str:
-  """The line for the programs left out: "29 programs under 1% of the largest (1.2 MiB
-  together)"."""
+  """The line for the programs left out, the operations run eagerly (one-op programs, named
+  after their operation) counted by kind:
+
+  "31 more programs, each under 1% of the largest or past the top (1.2 MiB together): 29 one-op
+  programs (broadcast_in_dim x 20, iota x 9), 2 others (init, loss)"."""
   if not rest:
     return ""
   s = "s" if len(rest) > 1 else ""
-  return (
-    f"{len(rest)} more program{s}, each under {min_share:.0%} of the largest or past the top: "
-    f"{format_bytes(sum(p.peak_bytes for p in rest))} together"
+  line = (
+    f"{len(rest)} more program{s}, each under {min_share:.0%} of the largest or past the top "
+    f"({format_bytes(sum(p.peak_bytes for p in rest))} together)"
   )
+  one = [p.function for p in rest if len(getattr(p, "operations", ())) == 1]
+  others = [p.function for p in rest if len(getattr(p, "operations", ())) != 1]
+  parts = []
+  if one:
+    parts.append(f"{len(one)} one-op program{'s' if len(one) > 1 else ''} ({_kinds(one)})")
+  if one and others:
+    parts.append(f"{len(others)} other{'s' if len(others) > 1 else ''} ({_kinds(others)})")
+  return line + (": " + ", ".join(parts) if parts else "")
+
+
+def _kinds(names: list[str], most: int = 6) -> str:
+  """`broadcast_in_dim x 20, iota x 9`: the names by count, most first (a name once: alone)."""
+  counts = collections.Counter(names).most_common()
+  words = [f"{n} x {c}" if c > 1 else n for n, c in counts[:most]]
+  return ", ".join(words) + (f" and {len(counts) - most} more" if len(counts) > most else "")
 
 
 def summary(found: list, device=None, advice=None, top=10, min_share=0.01, cached=0) -> str:

@@ -128,7 +128,8 @@ def _group_key(e) -> str:
 
 def interactive(p, width: int = 1152, height: int = 420) -> tuple[str, str]:
   """The peak as an SVG treemap, category -> layer or scope -> buffer (its path or line), and
-  the script that shows a block's path, line, scope and bytes on hover: (html, script).
+  the script that shows a block's path, line (the user's, then the library's), scope and bytes
+  on hover: (html, script).
 
   Categories are columns (width by bytes), their scopes rows, a scope's buffers side by side;
   blocks under 3 px fold into one "small buffers" block, the last and smallest of their row."""
@@ -167,7 +168,9 @@ def interactive(p, width: int = 1152, height: int = 420) -> tuple[str, str]:
           info.append([label, "", key or "", format_bytes(ebytes)])
         else:
           label = e.path or e.source or e.value
-          info.append([label, e.source or "", e.scope or "", format_bytes(e.nbytes), cat])
+          info.append(
+            [label, e.source or "", e.scope or "", format_bytes(e.nbytes), cat, e.library or ""]
+          )
         rects.append(
           f"<rect x='{bx:.1f}' y='{y:.1f}' width='{max(bw, 0.5):.1f}' height='{max(h, 0.5):.1f}' "
           f"fill='{colour}' stroke='#fff' stroke-width='1' data-k='{k}'/>"
@@ -186,8 +189,9 @@ def interactive(p, width: int = 1152, height: int = 420) -> tuple[str, str]:
     f"const INFO={json.dumps(info)};"
     "const tip=document.getElementById('tip');"
     "function show(ev){const k=ev.target.getAttribute('data-k');if(k===null){tip.style.display="
-    "'none';return;}const [n,l,s,b,c]=INFO[+k];tip.textContent='';"
-    "for(const t of [n,c?('category: '+c):'',l?('line: '+l):'',s?('scope: '+s):'','bytes: '+b])"
+    "'none';return;}const [n,l,s,b,c,f]=INFO[+k];tip.textContent='';"
+    "for(const t of [n,c?('category: '+c):'',l?('line: '+l):'',f?('library: '+f):'',"
+    "s?('scope: '+s):'','bytes: '+b])"
     "{if(t){const d=document.createElement('div');d.textContent=t;tip.appendChild(d);}}"
     "tip.style.display='block';tip.style.left=Math.min(ev.clientX+12,innerWidth-540)+'px';"
     "tip.style.top=(ev.clientY+12)+'px';}"

@@ -17,6 +17,14 @@ def size(n: int) -> str:
   return format_bytes(n)
 
 
+def device(p) -> str:
+  """The peak, with the host memory beside it where the program keeps some there (offload):
+  "52.0 GiB device + 9.1 GiB host"; the device's bytes alone otherwise."""
+  host = getattr(p, "host_bytes", 0)
+  peak = size(p.peak_bytes)
+  return f"{peak} device + {size(host)} host" if host else peak
+
+
 def _clip(text: str | None, width: int) -> str:
   """`text` cut in the middle to `width` characters: its head (the layer) and its leaf stay."""
   return middle(text or "-", width)
@@ -154,7 +162,7 @@ def text(p) -> str:
   """The profile as text: totals, the peak's buffers, groups by scope, advice, XLA's figures."""
   lines = [
     _clip(f"memory profile of {p.function} ({p.platform}, per device)", WIDTH),
-    f"  peak {size(p.peak_bytes)} at step {p.peak_step} of {len(p.timeline)}, "
+    f"  peak {device(p)} at step {p.peak_step} of {len(p.timeline)}, "
     f"{size(p.reserved_bytes)} allocated",
     f"  arguments {size(p.argument_bytes)}, outputs {size(p.output_bytes)}, aliased "
     f"{size(p.alias_bytes)}, temporaries {size(p.temp_bytes)}"
@@ -169,9 +177,10 @@ def text(p) -> str:
     f"  {size(g.total_bytes):>10}  {g.key} ({g.count} buffer{'s' if g.count != 1 else ''})"
     for g in p.by_category()
   ]
-  lines += ["", "by source line:"] + [
-    f"  {size(r.total_bytes):>10}  {_clip(str(r), WIDTH - 14)}" for r in p.by_line()[:6]
-  ]
+  lines += ["", "by source line:"]
+  for r in p.by_line()[:6]:
+    first, *under = _with_library(r, WIDTH - 14)
+    lines += [f"  {size(r.total_bytes):>10}  {first}"] + [f"{'':14}{ln}" for ln in under]
   lines += ["", "by scope:"] + [
     f"  {size(g.total_bytes):>10}  {_clip(g.key, WIDTH - 14)}" for g in p.by_scope()[:6]
   ]
@@ -191,6 +200,17 @@ def text(p) -> str:
   for paragraph in explain(p).splitlines():
     lines += _wrap(paragraph, WIDTH - 2, "  ")
   return "\n".join(lines)
+
+
+def _with_library(row, width: int) -> list[str]:
+  """A by-line row with its library's line second (`..., in flax/linen/linear.py:287`): after
+  it where the row has room, else on a line of its own under it."""
+  text, library = str(row), getattr(row, "library", None)
+  if not library:
+    return [_clip(text, width)]
+  if len(text) + len(library) + 5 <= width:
+    return [f"{text}, in {library}"]
+  return [_clip(text, width), _clip(f"  in {library}", width)]
 
 
 def _aliased_list(p) -> str:
@@ -228,7 +248,7 @@ def html(p) -> str:
   explained = "".join(f"<li>{esc(ln)}</li>" for ln in explain(p).splitlines())
   return (
     f"<div><b>memory profile of {esc(p.function)}</b> ({esc(p.platform)}, per device): "
-    f"peak {esc(size(p.peak_bytes))} at step {p.peak_step}, "
+    f"peak {esc(device(p))} at step {p.peak_step}, "
     f"{esc(size(p.reserved_bytes))} allocated; {esc(saving(p))}"
     + treemap(p)
     + "<table><tr><th>bytes</th><th>category</th><th>path</th><th>source</th><th>scope</th>"

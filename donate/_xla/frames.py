@@ -10,7 +10,14 @@ where the user's line is the call site in their model, further out.
 {1: 2, 2: 2}
 
 XLA prints a frame's `parent_frame_id` one past the table's id of its caller (0, printed 1, is no
-caller): above, frame 1's caller is frame 2, the outermost.
+caller): above, frame 1's caller is frame 2, the outermost. The library's line, shown second, is
+the innermost frame where that is an installed package's (`library_frames`, `package_line`):
+
+>>> library_frames({1: "{file_location_id=1 parent_frame_id=3}",
+...                 2: "{file_location_id=2 parent_frame_id=1}"}, locations)
+{1: 1}
+>>> package_line(locations[1])
+'flax/linen/linear.py:287'
 """
 
 from __future__ import annotations
@@ -34,6 +41,31 @@ def is_library(where: str) -> bool:
   return (
     "site-packages/" in path or "dist-packages/" in path or path.startswith((_STDLIB, "<frozen "))
   )
+
+
+def package_line(where: str) -> str:
+  """A library's `file:line` from its package on (`flax/linen/linear.py:287`), the function
+  left out; the standard library's from its folder on.
+
+  >>> package_line("<frozen runpy>:88 (_run_code)")
+  '<frozen runpy>:88'
+  """
+  where = where.partition(" (")[0]
+  for folder in ("site-packages/", "dist-packages/", _STDLIB.rstrip("/") + "/"):
+    if folder in where:
+      return where.rsplit(folder, 1)[1]
+  return where
+
+
+def library_frames(frames: dict[int, str], locations: dict[int, str]) -> dict[int, int]:
+  """For each frame id of HLO's `StackFrames` table whose own (innermost) location is in an
+  installed package, that location: the library's line, beside the user's (`user_frames`)."""
+  found = {}
+  for k, text in frames.items():
+    own = dict(_FIELD.findall(text)).get("file_location_id")
+    if own is not None and is_library(locations.get(int(own), "")):
+      found[k] = int(own)
+  return found
 
 
 def user_frames(frames: dict[int, str], locations: dict[int, str]) -> dict[int, int]:

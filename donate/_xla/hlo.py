@@ -239,6 +239,8 @@ class Module:
   frames: dict[int, int]  # StackFrames id -> FileLocations id
   callers: dict[str, list[tuple[Instruction, str]]]  # computation -> (caller, attribute)
   by_name: dict[str, Instruction]  # every instruction by name (names are unique in a module)
+  # StackFrames id -> FileLocations id of its innermost frame, where that is a library's
+  libraries: dict[int, int] = dataclasses.field(default_factory=dict)
 
   def source(self, instr: Instruction) -> str | None:
     """The user's source line of an instruction, "file:line (function)", or None."""
@@ -249,6 +251,14 @@ class Module:
     if frame is not None and frame.isdigit():
       return self.locations.get(self.frames.get(int(frame), -1))
     return None
+
+  def library_source(self, instr: Instruction) -> str | None:
+    """The library's line an instruction was made at ("file:line (function)"), where its
+    innermost frame is an installed package's and its user's frame (`source`) is further out."""
+    frame = instr.metadata().get("stack_frame_id")
+    if frame is None or not frame.isdigit():
+      return None
+    return self.locations.get(self.libraries.get(int(frame), -1))
 
   def users(self, comp: Computation) -> dict[str, list[tuple[Instruction, int]]]:
     """For each instruction name in `comp`, the (user, operand index) pairs that read it."""
@@ -416,7 +426,7 @@ def _aliases(header: str) -> dict[int, tuple[int, ...]]:
   return {int(p): tuple(int(k) for k in i.split(",") if k.strip()) for i, p in _ALIAS.findall(body)}
 
 
-def _tables(lines: list[str]) -> tuple[dict[int, str], dict[int, int]]:
+def _tables(lines: list[str]) -> tuple[dict[int, str], dict[int, int], dict[int, int]]:
   """The FileNames/FunctionNames/FileLocations/StackFrames tables, if the module prints them."""
   tables: dict[str, dict[int, str]] = {}
   current = None
@@ -436,8 +446,8 @@ def _tables(lines: list[str]) -> tuple[dict[int, str], dict[int, int]]:
     where = f"{files.get(int(f.get('file_name_id', 0)), '?').strip(chr(34))}:{f.get('line', '?')}"
     func = funcs.get(int(f.get("function_name_id", 0)))
     locations[k] = where + (f" ({func.strip(chr(34))})" if func else "")
-  frames = _frames.user_frames(tables.get("StackFrames", {}), locations)
-  return locations, frames
+  stack = tables.get("StackFrames", {})
+  return locations, _frames.user_frames(stack, locations), _frames.library_frames(stack, locations)
 
 
 def _computations(lines: list[str]) -> dict[str, Computation]:
@@ -490,6 +500,6 @@ def parse_module(text: str) -> Module:
       instr.called = _called(instr.attrs_text, computations)
       for attr, called in instr.called:
         callers.setdefault(called, []).append((instr, attr))
-  locations, frames = _tables(lines)
+  locations, frames, libraries = _tables(lines)
   name, aliases = header.split()[1].rstrip(","), _aliases(header)
-  return Module(name, computations, entry, aliases, locations, frames, callers, by_name)
+  return Module(name, computations, entry, aliases, locations, frames, callers, by_name, libraries)
