@@ -502,3 +502,13 @@ def test_could_donate_a_kv_cache_returned_through_a_call():
                                                                           "donate_argnums=0")
   after = donate.memory_profile(jax.jit(decode, donate_argnums=0), *args)
   assert before.peak_bytes - after.peak_bytes == before.could_donate[0].bytes
+
+
+def test_a_library_line_is_shown_from_its_package_on():
+  """A line with no user frame above it (JAX keeps a bounded stack, so a deep framework call can
+  lose the user's) is named from its package on, never by the machine's folders."""
+  from donate._profile import model
+
+  line = "/home/me/.venv/lib/python3.11/site-packages/flax/nnx/nn/linear.py:422"
+  diff = model.Comparison(0, 512, (model.Change(line, 0, 512),), ())
+  assert "  flax/nnx/nn/linear.py:422" in str(diff) and "/home/me" not in str(diff)

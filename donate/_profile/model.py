@@ -12,6 +12,7 @@ from typing import Generic, TypeVar
 
 from donate._base.text import format_bytes
 from donate._profile.limits import Fit as Fit
+from donate._xla import frames as _frames
 
 KINDS = ("argument", "output", "temporary", "copy", "loop carry", "collective", "constant")
 
@@ -377,7 +378,7 @@ class Comparison:
         lines.append(f"  {title}:")
         lines += [
           f"    {'+' if c.delta_bytes > 0 else ''}{format_bytes(c.delta_bytes):>10}  "
-          f"{_clip(c.key, 80)}"
+          f"{_clip(_frames.shown(c.key) or c.key, 80)}"
           for c in changed
         ]
     return "\n".join(lines)

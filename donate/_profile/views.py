@@ -8,6 +8,7 @@ from donate._base.text import format_bytes
 from donate._profile import shadow as _shadow
 from donate._profile.naming import middle
 from donate._profile.treemap import packing, treemap
+from donate._xla import frames as _frames
 
 WIDTH = 100
 _ROWS = 12
@@ -145,7 +146,7 @@ def _table(p) -> list[str]:
   head = f"{'bytes':>10}  {'category':<15}  {'owner (path or source line)':<44}  scope"
   lines = [head, "-" * min(WIDTH - 2, len(head) + 24)]
   for e in p.at_peak[:_ROWS]:
-    owner = e.path or e.source or e.value
+    owner = e.path or _frames.shown(e.source) or e.value
     if e.aliased and e.output:
       owner = f"{owner} -> {e.output}"
     lines.append(
@@ -234,7 +235,8 @@ def html(p) -> str:
   esc = _html.escape
   rows = "".join(
     f"<tr><td style='text-align:right'>{esc(size(e.nbytes))}</td><td>{esc(e.category)}</td>"
-    f"<td><code>{esc(e.path or '')}</code></td><td><code>{esc(e.source or '')}</code></td>"
+    f"<td><code>{esc(e.path or '')}</code></td>"
+    f"<td><code>{esc(_frames.shown(e.source) or '')}</code></td>"
     f"<td><code>{esc(e.scope or '')}</code></td></tr>"
     for e in p.at_peak[:40]
   )

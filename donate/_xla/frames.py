@@ -57,6 +57,16 @@ def package_line(where: str) -> str:
   return where
 
 
+def shown(where: str | None) -> str | None:
+  """`where` as a report shows it: a library's line from its package on (`package_line`), any
+  other line as it is.
+
+  >>> shown("/usr/lib/python3/site-packages/flax/nnx/nn/linear.py:422"), shown("In[6]:33")
+  ('flax/nnx/nn/linear.py:422', 'In[6]:33')
+  """
+  return package_line(where) if where and is_library(where) else where
+
+
 def library_frames(frames: dict[int, str], locations: dict[int, str]) -> dict[int, int]:
   """For each frame id of HLO's `StackFrames` table whose own (innermost) location is in an
   installed package, that location: the library's line, beside the user's (`user_frames`)."""
