@@ -5,21 +5,26 @@
 # patched (scripts/jax_suite.py compare).
 #
 # Usage: bash scripts/framework_suite.sh PACKAGE [pytest args]
-#   PACKAGE   an importable package whose wheel ships its tests (optax: 51 test files; chex: its
-#             chex/_src/*_test.py), or whose repository is given as REPO
+#   PACKAGE   the package to install; its tests are those its wheel ships (`--pyargs PACKAGE`:
+#             optax: 51 test files; chex: its chex/_src/*_test.py), or its repository's (REPO)
 #   EXTRA     pip requirements its tests need besides it (default for optax: chex; for chex:
 #             cloudpickle, which dataclass_test.py imports)
 #   REPO      a clone or bare git dir of the package's repository: its `tests` folder at the tag of
-#             the installed version (`v` and the version; TAG overrides it) runs instead of the
-#             wheel's (flax and equinox ship none)
+#             the installed version (`v` and the version, else the version alone; TAG overrides
+#             it) runs instead of the wheel's (flax, equinox and numpyro ship none)
+#   TESTS     what runs instead of all: the wheel's test modules (pytest `--pyargs` names), or
+#             paths in the repository, whose top folders are taken whole (numpyro's is `test`)
 # Uses the suite's environment (VENV, default .venv-jaxsuite, as scripts/jax_suite.sh makes it),
-# installing PACKAGE and EXTRA there. Examples (about 5 minutes a run on two cores):
+# installing PACKAGE and EXTRA there (a version installed before is kept). Examples (about 5
+# minutes a run on two cores; docs/jax_tests.md has the others and their counts):
 #   bash scripts/framework_suite.sh optax -n 2
 #   bash scripts/framework_suite.sh chex -n 2
 #   REPO=~/src/equinox bash scripts/framework_suite.sh equinox -n 2
+#   REPO=~/src/numpyro TESTS="test/test_util.py test/test_handlers.py" \
+#     bash scripts/framework_suite.sh numpyro
 set -euo pipefail
 if [ $# -lt 1 ]; then
-  sed -n '2,19p' "$0" >&2
+  sed -n '2,24p' "$0" >&2
   exit 2
 fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,17 +41,24 @@ trap 'rm -rf "$TMP"' EXIT
 # The plugin is jax_suite.py's patch conftest (`PATCH_CONFTEST`), loaded for the patched run only.
 "$VENV/bin/python" -c 'import runpy, sys; sys.stdout.write(runpy.run_path(sys.argv[1])["PATCH_CONFTEST"])' \
   "$ROOT/scripts/jax_suite.py" > "$TMP/donate_patch.py"
-TARGET=(--pyargs "$PACKAGE")
 if [ -n "${REPO:-}" ]; then
-  TAG=${TAG:-v$("$VENV/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$PACKAGE")}
-  if ! git -C "$REPO" rev-parse -q --verify "$TAG^{commit}" >/dev/null; then
+  VERSION=$("$VENV/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$PACKAGE")
+  has_tag() { git -C "$REPO" rev-parse -q --verify "$1^{commit}" >/dev/null; }
+  if [ -z "${TAG:-}" ]; then
+    TAG=v$VERSION
+    has_tag "$TAG" || ! has_tag "$VERSION" || TAG=$VERSION  # numpyro's tags have no `v`
+  fi
+  if ! has_tag "$TAG"; then
     echo "framework_suite.sh: $REPO has no tag $TAG (TAG, by default v and the installed" \
-      "$PACKAGE's version); install the version of a tag it has into $VENV first" \
-      "(pip install '$PACKAGE==X.Y.Z'), or set TAG to one" >&2
+      "$PACKAGE's version, or that version alone); install the version of a tag it has into" \
+      "$VENV first (pip install '$PACKAGE==X.Y.Z'), or set TAG to one" >&2
     exit 2
   fi
-  git -C "$REPO" archive "$TAG" tests | tar -x -C "$TMP"
-  TARGET=(tests)
+  read -ra TARGET <<< "${TESTS:-tests}"
+  git -C "$REPO" archive "$TAG" $(printf '%s\n' "${TARGET[@]%%/*}" | sort -u) | tar -x -C "$TMP"
+else
+  read -ra TARGET <<< "${TESTS:-$PACKAGE}"
+  TARGET=(--pyargs "${TARGET[@]}")
 fi
 cd "$TMP"
 for patched in 0 1; do
