@@ -126,7 +126,8 @@ else:
 # %% [markdown]
 # On the GPU target the profile is per device: each H100 holds an eighth of every weight, so its
 # arguments are smaller than the CPU program's; `fits("h100")` compares what XLA
-# allocates with the H100's 80 GB.
+# allocates with what JAX's allocator gives a program on an H100: 75% of its memory by default
+# (`XLA_CLIENT_MEM_FRACTION` sets another share).
 #
 # ## flax nnx against plain JAX: `compare`
 #
