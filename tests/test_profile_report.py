@@ -257,6 +257,13 @@ def test_nnx_and_equinox_scripts_get_a_verdict(tmp_path, name, where):
     # what to write is equinox's keyword, not filter_jit's inner argument
     assert "donate model.hidden.weight (eqx.filter_jit(donate=&quot;all&quot;))" in text
     assert "dynamic_nodonate" not in page.read_text() and "dynamic_donate" not in text
+    # the step's outputs as `return model, opt_state, loss` gives them back, not out[6]: each
+    # `out[k]` is followed by the user's path in that value (out[0].hidden.weight), or is `loss`
+    assert "(eqx.filter_jit(donate=&quot;all&quot;)): out[0].hidden.weight can" in text
+    assert "out[1][0].mu.hidden.weight" in text
+    positional = [m for m in re.findall(r"out\[\d+\][^<\s\"',]*", text)
+                  if not re.match(r"out\[0\]\.|out\[1\]\[(0\]\.|…)|out\[2\]$", m)]
+    assert not positional, positional
 
 
 @pytest.mark.slow

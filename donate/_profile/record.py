@@ -205,10 +205,31 @@ def _equinox_names(bound: dict) -> dict[str, str]:
   return found
 
 
+def _equinox_outputs(bound: dict, out) -> dict[str, str]:
+  """Under `eqx.filter_jit` the program returns `(marker, dynamic_out, Static(static_out))`: a
+  marker, then the array leaves of what the user's function returns (its tree kept, the rest
+  None), which JAX names `out[1][0].hidden.weight` (the command line's dump: `out[1]`, the
+  position). Their names as the user's code sees the value it gets back: `out[0].hidden.weight`
+  for `return model, opt_state, loss`, `out['loss']` for a dict, `out` for one array."""
+  from jax import tree_util
+
+  if set(bound) != {"dynamic_donate", "dynamic_nodonate", "static"}:
+    return {}
+  if not (isinstance(out, tuple) and len(out) == 3):
+    return {}
+  found = {}
+  for k, (path, _) in enumerate(tree_util.tree_flatten_with_path(out)[0]):
+    head = getattr(path[0], "idx", None)
+    mine = "out" + tree_util.keystr(path[1:]) if head == 1 else "eqx.filter_jit's marker"
+    found[f"out[{k}]"] = found["out" + tree_util.keystr(path)] = mine
+  return found
+
+
 def names() -> dict[str, dict[str, str]]:
   """Per jitted function's name, the user's names of the leaves JAX names by position, from the
   noted calls: flax nnx graph paths under `nnx.jit` for its arguments (`_graph_names`) and its
-  outputs (`_nnx_outputs`), equinox fields under `eqx.filter_jit` (`_equinox_names`)."""
+  outputs (`_nnx_outputs`), equinox fields under `eqx.filter_jit` for its arguments
+  (`_equinox_names`) and its outputs (`_equinox_outputs`)."""
   import inspect
 
   found: dict[str, dict[str, str]] = {}
@@ -227,6 +248,7 @@ def names() -> dict[str, dict[str, str]]:
       pass
     try:
       mine.update(_equinox_names(bound))
+      mine.update(_equinox_outputs(bound, out))
     except Exception:  # noqa: BLE001 - another equinox: JAX's positional names stay
       pass
   return found
