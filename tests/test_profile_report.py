@@ -118,6 +118,10 @@ def test_a_line_is_the_users_frame_first_and_the_librarys_second():
   page = pages.program(p)
   assert f"in <code>{row.library}</code>" in page and f'"{row.library}"' in page  # table, hover
   assert "site-packages" not in page
+  # the treemap's blocks are labelled by the file's name; the folders stay in the hover's line
+  labels = re.findall(r"<text [^>]*>([^<]*)</text>", page)
+  assert any(t.startswith(f"test_profile_report.py:{call}") for t in labels), labels
+  assert not any(t.startswith("/") for t in labels), labels
   assert_groups_keep_lines_apart(p)
 
 

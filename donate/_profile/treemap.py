@@ -19,6 +19,7 @@ import json
 
 from donate._base.text import format_bytes
 from donate._profile.naming import layer_scope, middle
+from donate._xla import frames as _frames
 
 COLOURS = {
   "parameters": "#4e79a7",
@@ -167,7 +168,7 @@ def interactive(p, width: int = 1152, height: int = 420) -> tuple[str, str]:
           label = f"{cat or 'other'}: small buffers"
           info.append([label, "", key or "", format_bytes(ebytes)])
         else:
-          label = e.path or e.source or e.value
+          label = e.path or _frames.short(e.source) or e.value
           info.append(
             [label, e.source or "", e.scope or "", format_bytes(e.nbytes), cat, e.library or ""]
           )

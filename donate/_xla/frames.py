@@ -67,6 +67,18 @@ def shown(where: str | None) -> str | None:
   return package_line(where) if where and is_library(where) else where
 
 
+def short(where: str | None) -> str | None:
+  """`where` as a label: a library's line from its package on, any other file's by its name.
+
+  >>> short("/home/me/src/gpt.py:24"), short("/x/site-packages/flax/linen/linear.py:287")
+  ('gpt.py:24', 'flax/linen/linear.py:287')
+  """
+  if not where or is_library(where):
+    return shown(where)
+  path, sep, line = where.partition(" (")[0].rpartition(":")
+  return f"{path.rsplit('/', 1)[-1]}:{line}" if sep and path else where
+
+
 def library_frames(frames: dict[int, str], locations: dict[int, str]) -> dict[int, int]:
   """For each frame id of HLO's `StackFrames` table whose own (innermost) location is in an
   installed package, that location: the library's line, beside the user's (`user_frames`)."""
