@@ -25,6 +25,7 @@ import jax
 import jax.extend as jex
 
 from donate._base import compat as _compat
+from donate._base import compat_remat as _compat_remat
 from donate._base.jaxprs import subs
 from donate._base.text import notebook_cell
 from donate._profile import layers
@@ -64,7 +65,9 @@ def facts(closed) -> tuple[bool, tuple[str, ...], tuple[str, ...], tuple[str, ..
       at["scan"].add(_compat.source_line(e.source_info))
     elif name in ("checkpoint", "remat2", "remat"):
       at["checkpoint"].add(_compat.source_line(e.source_info))
-  has = _compat.binds_checkpoint(closed) if isinstance(closed, jex.core.ClosedJaxpr) else False
+  has = (
+    _compat_remat.binds_checkpoint(closed) if isinstance(closed, jex.core.ClosedJaxpr) else False
+  )
   lines = tuple(sorted(x for x in at["checkpoint"] if x))
   return has, tuple(sorted(names)), lines, tuple(sorted(x for x in at["scan"] if x))
 

@@ -10,7 +10,7 @@ its own.
 
 A checkpoint policy is applied where the user's code binds `jax.checkpoint` (or, for
 `loop_policy`, where it binds `lax.scan`): the step is traced again with the change below the
-user's code (`compat.retracing`), so autodiff reads the new policy as it read the old.
+user's code (`compat_remat.retracing`), so autodiff reads the new policy as it read the old.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 from jax import tree_util
 
 from donate._base import compat as _compat
+from donate._base import compat_remat as _compat_remat
 from donate._base.jaxprs import subs
 from donate._profile import layers
 
@@ -137,9 +138,9 @@ def _merged(changes) -> Change:
 
 
 def _retracing(merged: Change):
-  """`compat.retracing` with the checkpoint changes of `merged`."""
+  """`compat_remat.retracing` with the checkpoint changes of `merged`."""
   calls = None if merged.call_policy is None else (merged.call_policy, layers.calls)
-  return _compat.retracing(merged.policy, merged.loop_policy, calls)
+  return _compat_remat.retracing(merged.policy, merged.loop_policy, calls)
 
 
 def batched(args: tuple, argnum: int, axis: int, size: int) -> tuple:

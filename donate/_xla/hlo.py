@@ -1,19 +1,17 @@
 """A structural reader of compiled HLO text (`jax.stages.Compiled.as_text()`).
 
-One parser for every reader of the compiled program: the copy report (`donate._xla.copies`) and the
-symmetric-memory checks (`donate._symm`). `parse_module` returns computations of instructions
-(name, shape with each array's memory space, opcode, operands, called computations), the module's
-`input_output_alias`, and the source-location tables newer XLA prints (`FileNames`,
-`FunctionNames`, `FileLocations`, `StackFrames`, referred to by `stack_frame_id`). Attributes
-(`index`, `metadata`, `frontend_attributes`, `backend_config`, ...) stay text until read.
-
-It splits on brackets and quotes, never on one version's spelling: names may be printed with or
-without `%`, operands bare (`%x`) or typed (`f32[8]{0} %x`), metadata may carry
-`source_file`/`source_line` or a `stack_frame_id`, `backend_config` may be JSON or a quoted JSON
-string. jaxlib 0.10 names collectives after their opcode (`%all-reduce-start` ... `-done`) and
-colours collective memory `S(1)`; jaxlib 0.12 names them after JAX ops (`%psum.7.2`), prints a
-synchronous `all-reduce` and uses `S(7)`; both read alike. Host memory (`S(5)`) is never
-collective memory. XLA's dump files (buffer assignment, live ranges) are read by `_hlo_dump`.
+One parser for every reader of the compiled program (the copy report, the memory profile, the
+symmetric-memory checks). `parse_module` returns computations of instructions (name, shape with
+each array's memory space, opcode, operands, called computations), the `input_output_alias`, and
+the source-location tables newer XLA prints (`FileNames`, `FunctionNames`, `FileLocations`,
+`StackFrames`, by `stack_frame_id`). Attributes (`metadata`, `backend_config`, ...) stay text
+until read. It splits on brackets and quotes, never on one version's spelling: names with or
+without `%`, operands bare or typed (`f32[8]{0} %x`), metadata with `source_file`/`source_line`
+or a `stack_frame_id`, `backend_config` as JSON or a quoted JSON string. jaxlib 0.10 names
+collectives after their opcode (`%all-reduce-start` ... `-done`) and colours collective memory
+`S(1)`; jaxlib 0.12 names them after JAX ops (`%psum.7.2`), prints a synchronous `all-reduce` and
+uses `S(7)`; both read alike. Host memory (`S(5)`) is never collective memory. XLA's dump files
+(buffer assignment, live ranges) are read by `_hlo_dump`.
 
 >>> m = parse_module('''HloModule m, input_output_alias={ {0}: (1, {}, may-alias) }
 ...
@@ -247,18 +245,15 @@ class Module:
     meta = instr.metadata()
     if "source_file" in meta and "source_line" in meta:
       return f"{meta['source_file']}:{meta['source_line']}"
-    frame = meta.get("stack_frame_id")
-    if frame is not None and frame.isdigit():
-      return self.locations.get(self.frames.get(int(frame), -1))
-    return None
+    return self._frame_line(meta, self.frames)
 
   def library_source(self, instr: Instruction) -> str | None:
-    """The library's line an instruction was made at ("file:line (function)"), where its
-    innermost frame is an installed package's and its user's frame (`source`) is further out."""
-    frame = instr.metadata().get("stack_frame_id")
-    if frame is None or not frame.isdigit():
-      return None
-    return self.locations.get(self.libraries.get(int(frame), -1))
+    """The installed package's line of an instruction's innermost frame, or None."""
+    return self._frame_line(instr.metadata(), self.libraries)
+
+  def _frame_line(self, meta: dict, table: dict[int, int]) -> str | None:
+    frame = meta.get("stack_frame_id")
+    return self.locations.get(table.get(int(frame), -1)) if frame and frame.isdigit() else None
 
   def users(self, comp: Computation) -> dict[str, list[tuple[Instruction, int]]]:
     """For each instruction name in `comp`, the (user, operand index) pairs that read it."""
