@@ -265,7 +265,7 @@ def fit(
   >>> str(fit(50 << 30, "h100", environ={}))
   "fits an H100: needs 50.0 GiB of 59.3 GiB usable at JAX's default 75% (headroom 9.3 GiB)"
   >>> env = {"XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB": "512"}
-  >>> f = fit(50 << 30, "h100", environ=env, collective_bytes=1 << 30)
+  >>> f = fit(50 << 30, "h100", environ=env, collective_bytes=1 << 30, version=(0, 10))
   >>> bool(f), f.needed_bytes == 49 << 30, f.collective_usable_bytes == 512 << 20
   (False, True, True)
   """
