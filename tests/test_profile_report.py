@@ -357,3 +357,48 @@ def test_host_bytes_stand_beside_device_bytes_for_an_offload_on_h100s():
   assert offload.host_bytes > 0
   said = f"{format_bytes(offload.peak_bytes)} device + {format_bytes(offload.host_bytes)} host"
   assert said in pages.program(plain, "h100", [offload])
+
+
+def layer_scan(policy):
+  """8 layers scanned with no checkpoint (`policy` None), or each body checkpointed with it."""
+
+  def body(h, w):
+    return jnp.tanh(jnp.tanh(h @ w) @ w), None
+
+  def loss(ws, x):
+    layer = body  # checkpointed as the remedy's `how` says
+    if policy is not None:
+      layer = jax.checkpoint(body, policy=policy, prevent_cse=False)
+    h, _ = jax.lax.scan(layer, x, ws)
+    return jnp.mean(h**2)
+
+  return jax.jit(lambda ws, x: ws - 0.1 * jax.grad(loss)(ws, x))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not donate.targets.available(), reason="needs the gpu-aot extra")
+def test_the_verdict_names_the_host_bytes_of_an_offload_that_lowers_the_peak():
+  """The layer scan's matmul outputs (256 MiB) offloaded on 8 H100s: the device peak drops and
+  the verdict's measured clause gives the saving and the host bytes, each equal to a compile of
+  the step written with the offload policy."""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from donate._base.text import format_bytes
+
+  s = NamedSharding(donate.targets.gpu_mesh("h100", 8, ("x",)), P())
+  args = (jax.ShapeDtypeStruct((8, 256, 256), jnp.float32, sharding=s),
+          jax.ShapeDtypeStruct((8192, 256), jnp.float32, sharding=s))
+  p = donate.memory_profile(layer_scan(None), *args)
+  [offload] = p.advice(["offload_dot_with_no_batch_dims"])
+  assert "jax.checkpoint(body, policy=" in offload.how and "prevent_cse=False" in offload.how
+  policy = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+  written = layer_scan(policy)
+  stats = written.lower(*args).compile().memory_analysis()
+  host = (stats.host_argument_size_in_bytes + stats.host_output_size_in_bytes
+          - stats.host_alias_size_in_bytes + stats.host_temp_size_in_bytes)
+  assert offload.host_bytes == host > 0
+  assert offload.peak_bytes == donate.memory_profile(written, *args).peak_bytes < p.peak_bytes
+  said = f"-{format_bytes(offload.saving_bytes)} (+{format_bytes(host)} host)"
+  assert said in report.verdict(p, "h100", [offload])
+  assert " host" not in report.verdict(p, "h100", [])

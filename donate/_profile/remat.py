@@ -148,8 +148,9 @@ def changes(closed, platform: str = "cpu") -> tuple[Change, ...]:
     else:
       change = f"checkpoint each layer loop's body, {name}: {words}"
       how = (
-        f"jax.lax.scan(jax.checkpoint(body, policy=jax.checkpoint_policies.{name}), ...) "
-        f"(flax: nn.scan(nn.remat(Layer, policy=...))){_where(loops)}"
+        f"jax.lax.scan(jax.checkpoint(body, policy=jax.checkpoint_policies.{name}, "
+        f"prevent_cse=False), ...) (flax: nn.scan(nn.remat(Layer, policy=..., "
+        f"prevent_cse=False))){_where(loops)}"
       )
     which = {"policy": policy} if has else {"loop_policy": policy}
     found.append(Change(change, how, **which))
