@@ -2,23 +2,34 @@
 (dense, MoE, gradient accumulation) and its serving steps (prefill, insert, generate through
 `MaxEngine`), a tiny model on CPU; what building the profiles costs against the compile.
 
-MaxText needs Python >= 3.12; it runs in its own environment with this checkout installed
-editable (`python3.12 -m venv V; V/bin/pip install maxtext jax==0.12.* flax optax
-orbax-checkpoint ...; V/bin/pip install --no-deps -e .`). For each configuration, one run with
-XLA's dump as the command line sets it (the compiles, and the profiles of every dumped program,
-timed) and one run without it (the plain compiles); the table goes to stdout, each run's summary
-(`python -m donate.profile`'s) to stderr:
+MaxText needs Python >= 3.12 and its own environment. `pip install maxtext` (0.2.5) declares no
+requirements of its own (only extras: `cuda12`, `tpu`, 262 pinned packages); its train step
+imports these, installed with JAX held at one version and this checkout editable:
+
+  python3.12 -m venv V
+  V/bin/pip install maxtext==0.2.5 jax==0.12.0.1 flax optax orbax-checkpoint
+  V/bin/pip install jax==0.12.0.1 pathwaysutils omegaconf jinja2 aqtp qwix tokamax \
+      huggingface-hub transformers grain drjax pillow tiktoken sentencepiece sympy ml-collections
+  V/bin/pip install --no-deps -e .
+
+(`aqtp`, not `aqt`: that name on PyPI is another project. No TensorFlow: the runs use
+`dataset_type=synthetic`.) For each configuration, one run with XLA's dump as the command line
+sets it (the compiles, and the profiles of every dumped program, timed) and one run without it
+(the plain compiles); the table goes to stdout, each run's summary (`python -m donate.profile`'s)
+to stderr:
 
   python benchmarks/bench_maxtext_profile.py --python V/bin/python [--configs dense,moe,gacc,serve]
 
 With `--advice`: the dense train step profiled by `donate.memory_profile` instead (the step's
 first call recorded through a wrapped `jax.jit`), its `advice()`, a plan to fit 3/4 of its peak
-(`fit`) and the largest batch within twice its peak (`largest_batch`), each timed.
+(`fit`) and the largest batch within twice its peak (`largest_batch`, on the data argument), each
+timed on a profile of its own (nothing measured before it), with its compiles and the load.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -109,7 +120,7 @@ def _recording(jax, recorded: dict):
 
 def advice_child(out: str) -> None:
   """The dense train step profiled with `donate.memory_profile` (its first call's arguments,
-  recorded) and its `advice()`, timed."""
+  recorded), then `advice()`, `fit()` and `largest_batch()`, each on a fresh profile, timed."""
   import jax  # noqa: PLC0415
 
   import donate  # noqa: PLC0415
@@ -126,27 +137,36 @@ def advice_child(out: str) -> None:
   assert script.run(None, TRAIN, argv) == 0
   jax.jit = real
   jitted, (args, kwargs) = recorded["step"]
-  start = time.perf_counter()
-  profile = donate.memory_profile(jitted, *args, **kwargs)
-  built = time.perf_counter() - start
-  items = profile.advice()
-  row = {
-    "peak": profile.peak_bytes,
-    "build_s": built,
-    "advice_s": time.perf_counter() - start - built,
-    "could_donate": [s.path for s in profile.could_donate],
-    "advice": [str(a) for a in items],
-  }
-  # The cost of a plan to fit 3/4 of the peak and of the largest batch within twice the peak,
-  # on a fresh profile (nothing measured yet), the batch searched on the data's argument.
-  fresh = donate.memory_profile(jitted, *args, **kwargs)
-  start = time.perf_counter()
-  plan = fresh.fit(fresh.peak_bytes * 3 // 4)
-  row["fit"] = (plan.compiles, time.perf_counter() - start, str(plan))
   data = next(n for n, a in enumerate(args) if isinstance(a, dict) and "inputs" in a)
-  start = time.perf_counter()
-  found = fresh.largest_batch(fresh.peak_bytes * 2, argnum=data)
-  row["largest_batch"] = (found.compiles, time.perf_counter() - start, str(found))
+  rows: list = []
+
+  def timed(name, call):
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    profile = donate.memory_profile(jitted, *args, **kwargs)
+    built = time.perf_counter() - start
+    if call is None:
+      rows.append((name, 1, built, load, f"peak {profile.peak_bytes / 2**20:.2f} MiB"))
+      return profile
+    before = profile.program.compiles
+    start = time.perf_counter()
+    result = call(profile)
+    seconds = time.perf_counter() - start
+    text = "\n".join(str(r) for r in result) if isinstance(result, (list, tuple)) else str(result)
+    rows.append((name, profile.program.compiles - before, seconds, load, text))
+    return profile
+
+  profile = timed("memory_profile", None)
+  timed("advice()", lambda p: p.advice())
+  timed("fit(3/4 of the peak)", lambda p: p.fit(p.peak_bytes * 3 // 4))
+  timed("largest_batch(2x the peak)", lambda p: p.largest_batch(p.peak_bytes * 2, argnum=data))
+  row = {
+    "jax": jax.__version__,
+    "maxtext": importlib.metadata.version("maxtext"),
+    "peak": profile.peak_bytes,
+    "could_donate": [s.path for s in profile.could_donate],
+    "rows": rows,
+  }
   with open(out, "w") as fh:
     json.dump(row, fh)
 
@@ -155,7 +175,7 @@ def child(name: str, dump: bool, out: str) -> None:
   """One run of configuration `name` in this process (MaxText's environment)."""
   import jax  # noqa: PLC0415
 
-  from donate._profile import script  # noqa: PLC0415
+  from donate._profile import report, script  # noqa: PLC0415
 
   folder = tempfile.mkdtemp(prefix="bench-maxtext-")
   if dump:
@@ -190,9 +210,17 @@ def child(name: str, dump: bool, out: str) -> None:
       (p.function, p.peak_bytes, [(g.key, g.total_bytes) for g in p.by_category()[:3]])
       for p in found
     ]
-    row["summary"] = script.summary(found)
+    row["summary"] = report.summary(found)
   with open(out, "w") as fh:
     json.dump(row, fh)
+
+
+def _run(cmd: list[str], env: dict) -> None:
+  """Runs a child; its stderr's end on failure (MaxText's log says what is missing)."""
+  done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+  if done.returncode:
+    sys.stderr.write(done.stderr[-4000:])
+    raise subprocess.CalledProcessError(done.returncode, cmd)
 
 
 def main(argv=None) -> int:
@@ -211,25 +239,18 @@ def main(argv=None) -> int:
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   if args.advice:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-      subprocess.run(
-        [args.python, __file__, "--child", "advice", "0", out.name],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=900,
-      )
+      _run([args.python, __file__, "--child", "advice", "0", out.name], env)
       row = json.load(open(out.name))
     print(
-      f"dense train_step by donate.memory_profile: peak {row['peak']} B, lower + compile + "
-      f"profile {row['build_s']:.2f} s, advice() {row['advice_s']:.2f} s, could_donate "
-      f"{row['could_donate']}"
+      f"dense train_step, jax {row['jax']}, maxtext {row['maxtext']}, 1 CPU device: peak"
+      f" {row['peak']} B, could_donate {row['could_donate']}"
     )
-    for line in row["advice"]:
-      print("  " + line)
-    for name in ("fit", "largest_batch"):
-      compiles, seconds, text = row[name]
-      print(f"{name}: {compiles} compiles, {seconds:.1f} s (load average {os.getloadavg()[0]:.2f})")
-      print("  " + text.replace("\n", "\n  "))
+    print("| call | compiles | seconds | load average | result |\n|---|---|---|---|---|")
+    for name, compiles, seconds, load, text in row["rows"]:
+      first, *rest = text.splitlines()
+      print(f"| {name} | {compiles} | {seconds:.1f} | {load:.2f} | {first} |")
+      for line in rest:
+        print("    " + line)
     return 0
   print(
     "| config | step | peak | top categories at the peak | largest compile s (dump / "
@@ -240,13 +261,7 @@ def main(argv=None) -> int:
     rows = []
     for dump in ("1", "0"):
       with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run(
-          [args.python, __file__, "--child", name, dump, out.name],
-          env=env,
-          check=True,
-          capture_output=True,
-          timeout=900,
-        )
+        _run([args.python, __file__, "--child", name, dump, out.name], env)
         rows.append(json.load(open(out.name)))
     dumped, plain = rows
     steps = [p for p in dumped["programs"] if p[0] in ("train_step", "_generate_jit")]

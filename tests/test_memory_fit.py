@@ -171,6 +171,42 @@ def test_the_largest_batch_fits_and_the_next_one_does_not():
   assert fits and peak == found.peak_bytes
   assert not needed(found.batch + 1)[0]
   assert "batch" in str(found) and f"{found.compiles} compiles" in str(found)
+  assert found.scales is True and found.sizes[:2] == (256, 512)
+
+
+def test_the_batch_search_stops_when_the_step_slices_its_batch():
+  """A step that takes its batch size from a config value and slices its input to it (MaxText's
+  train step keeps `micro_batch_size_to_train_on` rows): a larger input adds no compute, only
+  its own bytes. The search says so after two compiles instead of answering the batch at which
+  the input alone fills the budget."""
+  optax = pytest.importorskip("optax")
+  micro, opt = 4, optax.adam(1e-3)
+
+  def step(params, opt_state, data):
+    data = {k: v[:micro] for k, v in data.items()}
+
+    def loss(w):
+      return jnp.mean((jnp.tanh(data["inputs"] @ w) - data["targets"]) ** 2)
+    updates, opt_state = opt.update(jax.grad(loss)(params), opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  def data(batch):
+    return {"inputs": jnp.ones((batch, 64)), "targets": jnp.zeros((batch, 64))}
+  params = jnp.full((64, 64), 0.01)
+  jitted = jax.jit(step, donate_argnums=(0, 1))
+  p = donate.memory_profile(jitted, params, opt.init(params), data(micro))
+  budget = 2 * p.peak_bytes
+  found = p.largest_batch(budget)
+  assert found.batch == micro and found.peak_bytes == p.peak_bytes and found.compiles == 2
+  assert found.scales is False and found.sizes == (micro, 2 * micro)
+  text = str(found)
+  assert "does not scale the step" in text and f"batch {micro} fits" in text
+
+  def flops(batch):
+    return jitted.lower(params, opt.init(params), data(batch)).compile().cost_analysis()["flops"]
+  assert flops(2 * micro) == flops(micro)  # what the doctor read: no compute on the extra rows
+  # and a search by bytes alone would have answered a batch the step never computes over
+  assert donate.memory_profile(jitted, params, opt.init(params), data(16 * micro)).fits(budget)
 
 
 # -- flax linen GPT, with and without nn.remat ---------------------------------------------------

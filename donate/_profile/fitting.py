@@ -11,7 +11,12 @@ take over from a cheaper one that did not make the program fit.
 
 `largest_batch` searches the batch axis of one argument by compiling the program with
 `jax.ShapeDtypeStruct`s of each size tried: doubling from the profiled size while it fits, then
-bisecting, in steps of the number of shards the axis is split into.
+bisecting, in steps of the number of shards the axis is split into. A step can take its batch
+from elsewhere (a config value) and slice or ignore the rows past it (MaxText's train step keeps
+`micro_batch_size_to_train_on` rows): then only the input grows, and the search would end where
+the input alone fills the device. So the second size compiled is compared with the first: when
+the step's FLOPs (XLA's and its traced matmuls', each where known) are the same at both, the
+search stops there and says so.
 """
 
 from __future__ import annotations
@@ -216,7 +221,10 @@ def fit(
 @dataclasses.dataclass(frozen=True, slots=True)
 class Batch:
   """The largest batch that fits (`batch`; 0 when none does), its `peak_bytes` and
-  `needed_bytes`, the `limit` compared with and the `compiles` the search made."""
+  `needed_bytes`, the `limit` compared with and the `compiles` the search made. `scales`:
+  whether the step's FLOPs grow with the axis, from the first two `sizes` compiled (False: they
+  do not, the step slices or ignores the rows, and `batch` is the profiled size if it fits;
+  None: not known)."""
 
   batch: int
   peak_bytes: int | None
@@ -225,8 +233,22 @@ class Batch:
   compiles: int
   argnum: int
   axis: int
+  scales: bool | None = None
+  sizes: tuple[int, ...] = ()
 
   def __str__(self) -> str:
+    if self.scales is False:
+      first, second = self.sizes[:2]
+      verdict = (
+        f"batch {self.batch} fits {self.limit}: needs {format_bytes(self.needed_bytes or 0)}"
+        if self.batch
+        else f"batch {first} does not fit {format_bytes(self.limit.usable_bytes)}"
+      )
+      return (
+        f"axis {self.axis} of argument {self.argnum} does not scale the step: its FLOPs are the"
+        f" same at batch {first} and {second} (the step slices or ignores the rows; set its"
+        f" batch where it takes it from and profile again); {verdict} ({self.compiles} compiles)"
+      )
     if not self.batch:
       return f"no batch fits {format_bytes(self.limit.usable_bytes)} ({self.compiles} compiles)"
     return (
@@ -271,22 +293,51 @@ def largest_batch(
     f"largest_batch: searching axis {axis} of argument {argnum} from {size}, one compile per "
     "size: doubling while it fits, then bisecting"
   )
+  scales: list[bool | None] = []
   with schedule.searching(program, what, profile.platform, progress) as measure:
 
     def fits(n: int) -> bool:
       if n not in found:
         found[n] = measure((Change("", "", batch=(argnum, axis, n)),))
+        if len(found) == 2:
+          scales.append(_grows(*found.values()))
+          if scales[0] is False:
+            raise _NotScaling
       return found[n].needed_bytes <= limit.usable_bytes  # type: ignore[attr-defined]
 
     low, high = 0, size // step  # in steps: low fits (0: none), high unknown
-    if fits(high * step):
-      low, high = high, high * 2
-      while fits(high * step) and high < (size // step) << 24:
+    try:
+      if fits(high * step):
         low, high = high, high * 2
-    while high - low > 1:
-      mid = (low + high) // 2
-      low, high = (mid, high) if fits(mid * step) else (low, mid)
+        while fits(high * step) and high < (size // step) << 24:
+          low, high = high, high * 2
+      while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid * step) else (low, mid)
+    except _NotScaling:
+      low = size // step if fits(size // step * step) else 0
   compiles = len(found)
   best = found.get(low * step)
-  peak = getattr(best, "peak_bytes", None)
-  return Batch(low * step, peak, getattr(best, "needed_bytes", None), limit, compiles, argnum, axis)
+  return Batch(
+    low * step,
+    getattr(best, "peak_bytes", None),
+    getattr(best, "needed_bytes", None),
+    limit,
+    compiles,
+    argnum,
+    axis,
+    scales[0] if scales else None,
+    tuple(found),
+  )
+
+
+class _NotScaling(Exception):
+  """The step's FLOPs did not change with the batch: the search stops."""
+
+
+def _grows(a, b) -> bool | None:
+  """Whether two compiles of the step at different batch sizes compute different amounts: XLA's
+  cost analysis and the traced matmuls' FLOPs, each where known; False only when every one
+  known is the same at both; None when neither is known."""
+  known = [(x, y) for x, y in ((a.flops, b.flops), (a.dot_flops, b.dot_flops)) if x and y]
+  return any(x != y for x, y in known) if known else None
