@@ -92,7 +92,7 @@ class Plan:
     if self.fits and not self.steps:
       lines.append(f"  it fits as it is: needs {needed}")
     elif self.fits:
-      lines.append(f"  it fits after {len(self.steps)} step(s): needs {needed}")
+      lines.append(f"  it fits after {_count(len(self.steps), 'step')}: needs {needed}")
     else:
       lines.append(
         f"  nothing measured makes it fit: the closest plan needs {needed}, "
@@ -100,7 +100,7 @@ class Plan:
       )
     if self.same_values is not None:
       lines.append(f"  outputs against the original's: {self.same_values}")
-    lines.append(f"  ({self.compiles} compiles; FLOPs from {self.flops_from})")
+    lines.append(f"  ({_count(self.compiles, 'compile')}; FLOPs from {self.flops_from})")
     return "\n".join(lines)
 
 
@@ -237,6 +237,7 @@ class Batch:
   sizes: tuple[int, ...] = ()
 
   def __str__(self) -> str:
+    compiles = _count(self.compiles, "compile")
     if self.scales is False:
       first, second = self.sizes[:2]
       verdict = (
@@ -247,13 +248,13 @@ class Batch:
       return (
         f"axis {self.axis} of argument {self.argnum} does not scale the step: its FLOPs are the"
         f" same at batch {first} and {second} (the step slices or ignores the rows; set its"
-        f" batch where it takes it from and profile again); {verdict} ({self.compiles} compiles)"
+        f" batch where it takes it from and profile again); {verdict} ({compiles})"
       )
     if not self.batch:
-      return f"no batch fits {format_bytes(self.limit.usable_bytes)} ({self.compiles} compiles)"
+      return f"no batch fits {format_bytes(self.limit.usable_bytes)} ({compiles})"
     return (
       f"batch {self.batch} (argument {self.argnum}, axis {self.axis}) fits {self.limit}:"
-      f" needs {format_bytes(self.needed_bytes or 0)} ({self.compiles} compiles)"
+      f" needs {format_bytes(self.needed_bytes or 0)} ({compiles})"
     )
 
 
@@ -341,3 +342,8 @@ def _grows(a, b) -> bool | None:
   known is the same at both; None when neither is known."""
   known = [(x, y) for x, y in ((a.flops, b.flops), (a.dot_flops, b.dot_flops)) if x and y]
   return any(x != y for x, y in known) if known else None
+
+
+def _count(n: int, noun: str) -> str:
+  """`n` and the noun, plural unless `n` is 1: "1 compile", "8 compiles"."""
+  return f"{n} {noun}{'s' * (n != 1)}"
