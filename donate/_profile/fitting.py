@@ -294,16 +294,13 @@ def largest_batch(
     f"largest_batch: searching axis {axis} of argument {argnum} from {size}, one compile per "
     "size: doubling while it fits, then bisecting"
   )
-  scales: list[bool | None] = []
   with schedule.searching(program, what, profile.platform, progress) as measure:
 
     def fits(n: int) -> bool:
       if n not in found:
         found[n] = measure((Change("", "", batch=(argnum, axis, n)),))
-        if len(found) == 2:
-          scales.append(_grows(*found.values()))
-          if scales[0] is False:
-            raise _NotScaling
+        if len(found) == 2 and _grows(*found.values()) is False:
+          raise _NotScaling
       return found[n].needed_bytes <= limit.usable_bytes  # type: ignore[attr-defined]
 
     low, high = 0, size // step  # in steps: low fits (0: none), high unknown
@@ -327,7 +324,7 @@ def largest_batch(
     compiles,
     argnum,
     axis,
-    scales[0] if scales else None,
+    _grows(*list(found.values())[:2]) if len(found) > 1 else None,
     tuple(found),
   )
 
