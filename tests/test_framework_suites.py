@@ -12,7 +12,6 @@ import os
 import pathlib
 import subprocess
 import sys
-from xml.etree import ElementTree
 
 import pytest
 
@@ -38,19 +37,6 @@ def suite_script():
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
-
-
-def outcomes(xml: pathlib.Path) -> dict[str, list[str]]:
-  """Test (class and name) -> the outcome of each of its records ("pass", "skip" or the first
-  line of the failure); a test with subtests has a record for each."""
-  result: dict[str, list[str]] = {}
-  for case in ElementTree.parse(xml).iter("testcase"):
-    bad = next(iter(case.findall("failure") + case.findall("error")), None)
-    outcome = "skip" if case.find("skipped") is not None else "pass"
-    if bad is not None:
-      outcome = (bad.get("message") or "failed").strip().split("\n")[0]
-    result.setdefault(f"{case.get('classname')}::{case.get('name')}", []).append(outcome)
-  return result
 
 
 def run_chex(folder: pathlib.Path, patched: bool) -> pathlib.Path:
@@ -83,14 +69,15 @@ def run_chex(folder: pathlib.Path, patched: bool) -> pathlib.Path:
 
 
 def test_chex_tests_that_pass_plainly_pass_through_the_global_patch(tmp_path):
-  (tmp_path / "donate_patch.py").write_text(suite_script().PATCH_CONFTEST)
+  suite = suite_script()  # its `outcomes`: test id -> (outcome, first line of the failure)
+  (tmp_path / "donate_patch.py").write_text(suite.PATCH_CONFTEST)
   (tmp_path / "patch_on_test.py").write_text(PATCH_IS_ON)
-  plain = outcomes(run_chex(tmp_path, patched=False))
-  patched = outcomes(run_chex(tmp_path, patched=True))
-  passed = {test for test, records in plain.items() if set(records) == {"pass"}}
+  plain = suite.outcomes(run_chex(tmp_path, patched=False))
+  patched = suite.outcomes(run_chex(tmp_path, patched=True))
+  passed = {test for test, (outcome, _) in plain.items() if outcome == "pass"}
   assert len(passed) > 300  # both files ran (392 tests at chex 0.1.92)
   (on,) = [test for test in patched if test.endswith("::test_the_patch_is_on")]
-  assert patched.pop(on) == ["pass"]
+  assert patched.pop(on) == ("pass", "")
   assert patched.keys() == plain.keys()
-  broken = {test: patched[test] for test in passed if set(patched[test]) != {"pass"}}
+  broken = {test: patched[test] for test in passed if patched[test][0] != "pass"}
   assert not broken, f"pass plainly, fail with jax.jit = donate.jit: {broken}"
