@@ -333,6 +333,12 @@ def test_the_pages_in_chromium_show_the_verdict_without_errors(gpt_runs):
   assert "bytes: " in seen["tip"] and "category: " in seen["tip"], seen["tip"]
 
 
+def host_bytes(stats) -> int:
+  """The bytes a compiled program holds in host memory, from its `memory_analysis()`."""
+  return (stats.host_argument_size_in_bytes + stats.host_output_size_in_bytes
+          - stats.host_alias_size_in_bytes + stats.host_temp_size_in_bytes)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not donate.targets.available(), reason="needs the gpu-aot extra")
 def test_host_bytes_stand_beside_device_bytes_for_an_offload_on_h100s():
@@ -347,8 +353,7 @@ def test_host_bytes_stand_beside_device_bytes_for_an_offload_on_h100s():
   written = make(policy)
   stats = written.lower(*args).compile().memory_analysis()
   p = donate.memory_profile(written, *args)
-  host = (stats.host_argument_size_in_bytes + stats.host_output_size_in_bytes
-          - stats.host_alias_size_in_bytes + stats.host_temp_size_in_bytes)
+  host = host_bytes(stats)
   assert p.host_bytes == host > 0
   both = f"peak {format_bytes(p.peak_bytes)} device + {format_bytes(host)} host"
   assert both in str(p) and both in report.verdict(p, "h100") and both in pages.program(p)
@@ -397,8 +402,7 @@ def test_the_verdict_names_the_host_bytes_of_an_offload_that_lowers_the_peak():
   policy = jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
   written = layer_scan(policy)
   stats = written.lower(*args).compile().memory_analysis()
-  host = (stats.host_argument_size_in_bytes + stats.host_output_size_in_bytes
-          - stats.host_alias_size_in_bytes + stats.host_temp_size_in_bytes)
+  host = host_bytes(stats)
   assert offload.host_bytes == host > 0
   assert offload.peak_bytes == donate.memory_profile(written, *args).peak_bytes < p.peak_bytes
   said = f"-{format_bytes(offload.saving_bytes)} (+{format_bytes(host)} host)"
