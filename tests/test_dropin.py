@@ -707,19 +707,22 @@ def test_a_deleted_input_at_the_first_call_raises_jaxs_error(jit):
 
 
 @pytest.mark.parametrize("fun", [step, swapped_update], ids=["native", "re-laid-out"])
-def test_a_buffer_a_numpy_view_holds_is_not_donated_as_in_jax_jit(fun):
-  """On CPU `np.asarray(x)` is a view of x's buffer; while it lives the runtime donates nothing
-  of x (it stays alive, the view valid) under either jit, and the results are the same."""
-  results = []
+def test_a_buffer_a_numpy_view_holds_is_donated_as_in_jax_jit(fun):
+  """On CPU `np.asarray(x)` is a view of x's buffer. Whether the runtime then consumes x is the
+  runtime's (it keeps x alive up to jaxlib 0.12.0.1, consumes it from 0.12.1); donate.jit does as
+  jax.jit does, the view stays valid under both, and the results are the same."""
+  seen = []
   for jit in (jax.jit, donate.jit):
     extra = {"copy_threshold": 0} if jit is donate.jit else {}
     a, b = fresh() + 0.0, fresh(value=2.0) + 0.0
     view = np.asarray(a)
     out = jit(fun, donate_argnums=(0, 1), **extra)(a, b)
-    assert not a.is_deleted() and b.is_deleted()
+    assert b.is_deleted()
     np.testing.assert_array_equal(view, np.ones(8, np.float32))
-    results.append([np.asarray(x) for x in out])
-  for x, y in zip(*results, strict=True):
+    seen.append((a.is_deleted(), [np.asarray(x) for x in out]))
+  (theirs, their_out), (ours, our_out) = seen
+  assert ours == theirs
+  for x, y in zip(their_out, our_out, strict=True):
     np.testing.assert_array_equal(x, y)
 
 

@@ -33,7 +33,7 @@ def mesh8():
 
 
 SHARDINGS = {
-    "1 device": lambda: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+    "1 device": lambda: jax.sharding.make_single_device_sharding(jax.devices()[0]),
     "8 devices": lambda: NamedSharding(mesh8(), P("x")),
 }
 

@@ -219,7 +219,9 @@ MEMORY_SCHEDULER = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
 def test_the_memory_scheduler_lowers_a_step_s_peak_measured():
   d = 512
   params = {"wi": jnp.full((d, 4 * d), 0.01), "wo": jnp.full((4 * d, d), 0.01)}
-  args = (params, params, jnp.ones((512, d)))
+  # A batch of 128: the memory scheduler lowers this step's peak on jaxlib 0.10.2 to 0.12.1 (with
+  # a batch of 512 it raises it on 0.12.1).
+  args = (params, params, jnp.ones((128, d)))
   jitted = jax.jit(momentum_step, donate_argnums=(0, 1))
   p = donate.memory_profile(jitted, *args)
   [option] = [a for a in p.advice() if "xla_cpu_scheduler_type" in a.how]

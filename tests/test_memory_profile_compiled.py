@@ -10,8 +10,11 @@ dump-based ones in test_memory_profile.py.
 
 import dataclasses
 import glob
+import json
 import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -135,3 +138,43 @@ def test_asynchronous_instructions_are_refused_not_guessed():
   module = proto.Module("m", 7, {1: start}, {7: 1}, {7: (1,)}, frozenset())
   with pytest.raises(liverange.Unsupported, match="copy-start"):
     liverange.dump_of(proto.BufferAssignment({}, (), ()), module)
+
+
+_HOISTED = """
+import json
+import jax, jax.numpy as jnp
+import donate
+table = jnp.arange(4096.0 * 64).reshape(4096, 64)  # 1 MiB, closed over
+def step(params, x):
+  g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p + table[: x.shape[0]]) ** 2))(params)
+  return params - 0.01 * g, table + 1.0  # the table's new value: its shape, from it
+params, x = jnp.ones((256, 64)), jnp.ones((1024, 256))
+found = {}
+for name, jit in (("jax.jit", jax.jit), ("donate.jit", donate.jit)):
+  p = donate.memory_profile(jit(step), params, x)
+  found[name] = {
+    "arguments": sorted([e.path, e.category] for e in p.at_peak if e.kind == "argument"),
+    "suggested": [s.path for s in p.could_donate],
+  }
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.parametrize("hoisted", [False, True], ids=["constants-in-jaxpr", "constants-hoisted"])
+def test_a_closed_over_constant_is_a_constant_never_an_input_to_donate(hoisted):
+  """With `jax_use_simplified_jaxpr_constants` (the default from jax 0.12.1, read when JAX is
+  imported: a fresh process) a closed-over array is a leading parameter of the program; the
+  profile names it a constant, as XLA's literal is without it, and never suggests donating it."""
+  env = {**os.environ, "JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS": str(int(hoisted))}
+  run = subprocess.run([sys.executable, "-c", _HOISTED], env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  found = json.loads(run.stdout.splitlines()[-1])
+  for name in ("jax.jit", "donate.jit"):
+    arguments = dict(map(tuple, found[name]["arguments"]))
+    assert arguments["params"] == "parameters" and arguments["x"] == "inputs", (name, arguments)
+    assert found[name]["suggested"] == ["params"], (name, found[name]["suggested"])
+    if hoisted:
+      assert arguments["<constant>"] == "constants", (name, arguments)
+    else:
+      assert "<constant>" not in arguments

@@ -169,7 +169,7 @@ def test_on_a_cpu_program_the_host_state_is_named_not_measured():
   [a] = [a for a in p.advice() if "optimizer state in host memory" in a.change]
   assert a.peak_bytes is None and "not measured on cpu" in a.change
   assert a.saving_bytes == 2 * w.nbytes  # the state's bytes, stated
-  s = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  s = jax.sharding.make_single_device_sharding(jax.devices()[0])
   host = s.with_memory_kind("pinned_host")
   specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args)
   specs = (specs[0], jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=host),

@@ -287,7 +287,7 @@ def check(step: Step):
 @hypothesis.given(data=st.data())
 def test_one_device(kind, data):
   device = jax.devices()[0]
-  step = data.draw(steps(kind, lambda shape: jax.sharding.SingleDeviceSharding(device)))
+  step = data.draw(steps(kind, lambda shape: jax.sharding.make_single_device_sharding(device)))
   step.jit_kwargs["keep_unused"] = data.draw(st.booleans())
   check(step)
 

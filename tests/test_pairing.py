@@ -11,7 +11,7 @@ from donate._plan import donation_plan as dp
 from donate._plan import keys as _keys
 from donate._plan import pairing as _pairing
 
-CPU = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+CPU = jax.sharding.make_single_device_sharding(jax.devices()[0])
 
 
 def leaf(path, shape=(4,), dtype="float32", kind=dp.DEVICE, sharding=None):

@@ -178,7 +178,7 @@ def _examples(cases):
 @hypothesis.given(program=programs())
 def test_one_device(program):
   device = jax.devices()[0]
-  check(program, lambda ndim: jax.sharding.SingleDeviceSharding(device))
+  check(program, lambda ndim: jax.sharding.make_single_device_sharding(device))
 
 
 MESH = None

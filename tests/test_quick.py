@@ -12,6 +12,9 @@
   has no unusable donation.
 """
 
+import os
+import subprocess
+import sys
 import warnings
 
 import hypothesis
@@ -121,7 +124,7 @@ OUTSIDE = {
   "strict": (lambda x: x + 1, {"strict": True}, lambda: (jnp.ones(N),)),
   "out_shardings": (
     lambda x: x + 1,
-    {"out_shardings": jax.sharding.SingleDeviceSharding(jax.devices()[0])},
+    {"out_shardings": jax.sharding.make_single_device_sharding(jax.devices()[0])},
     lambda: (jnp.ones(N),),
   ),
   "unusable": (lambda x: jnp.sum(x), {}, lambda: (jnp.ones(N),)),
@@ -175,10 +178,10 @@ def plain_programs(draw):
 def test_the_quick_route_is_the_full_planners_on_random_programs(program):
   ins, ops, outs, donated, nested, options = program
   device = jax.devices()[0]
-  step = build(ops, outs, lambda ndim: jax.sharding.SingleDeviceSharding(device))
+  step = build(ops, outs, lambda ndim: jax.sharding.make_single_device_sharding(device))
   body = jax.jit(step) if nested else step
   g = donate.jit(body, donate_argnums=donated, **options)
-  args = inputs(ins, lambda ndim: jax.sharding.SingleDeviceSharding(device))
+  args = inputs(ins, lambda ndim: jax.sharding.make_single_device_sharding(device))
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     quick, full = _prepared(g, *args)
@@ -221,6 +224,39 @@ def test_static_arguments_names_keywords_and_closed_over_constants_route_quickly
   assert (got[0].unsafe_buffer_pointer(), got[1].unsafe_buffer_pointer()) == (pb, pa)
   for x, y in zip(got, want, strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+_HOISTED = """
+import jax, jax.numpy as jnp, numpy as np
+import donate
+N = 1 << 14
+const = jnp.arange(float(N))
+def step(scale, a, *, b):
+  return b * scale + const, a + const
+g = donate.jit(step, static_argnums=0, donate_argnames=("a", "b"), copy_threshold=0)
+a, b = jnp.ones(N), jnp.zeros(N)
+want = jax.jit(step, static_argnums=0)(2.0, a, b=b)
+pa, pb = a.unsafe_buffer_pointer(), b.unsafe_buffer_pointer()
+text = g.lower(2.0, a, b=b).as_text()
+got = g(2.0, a, b=b)
+assert a.is_deleted() and b.is_deleted()
+assert (got[0].unsafe_buffer_pointer(), got[1].unsafe_buffer_pointer()) == (pb, pa)
+for x, y in zip(got, want, strict=True):
+  np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+print("jax.const = true" in text)
+"""
+
+
+@pytest.mark.parametrize("hoisted", [False, True], ids=["constants-in-jaxpr", "constants-hoisted"])
+def test_a_re_paired_program_with_constants_hoisted_as_arguments(hoisted):
+  """With `jax_use_simplified_jaxpr_constants` (the default from jax 0.12.1, read when JAX is
+  imported: a fresh process), the closed-over constant is `main`'s first argument and JAX numbers
+  it with the argument leaves; the re-paired aliases still go to the leaves they pair."""
+  env = {**os.environ, "JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS": str(int(hoisted))}
+  run = subprocess.run([sys.executable, "-c", _HOISTED], env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.split()[-1] == str(hoisted)
 
 
 # The path most small-leaf pytrees take: outputs that do not mirror the donated inputs, leaves

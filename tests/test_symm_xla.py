@@ -100,7 +100,7 @@ def test_flags_with_spec_replaces_every_earlier_setting():
 
 def test_target_platform_from_shardings():
   abstract = jax.sharding.NamedSharding(jax.sharding.AbstractMesh((2,), ("x",)), jax.P("x"))
-  cpu = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  cpu = jax.sharding.make_single_device_sharding(jax.devices()[0])
   assert xla.target_platform([], "cpu") == "cpu"
   assert xla.target_platform([None, abstract], "tpu") == "tpu"  # no devices: the default
   assert xla.target_platform([abstract], "gpu") == "cuda"

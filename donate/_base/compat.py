@@ -214,10 +214,22 @@ def is_high(x) -> bool:
 
 def lowered_kept_leaves(jax_lowered) -> tuple[tuple[int, ...], int]:
   """`(kept, n_const_args)`: the argument leaves the module's `main` takes (after dead-code
-  elimination), and how many hoisted constants precede them. Only the lowering knows either."""
+  elimination), and how many hoisted constants precede them. Only the lowering knows either.
+
+  With constants hoisted as arguments (`jax_use_simplified_jaxpr_constants`, the default from jax
+  0.12.1), `kept_var_idx` counts the constants first and the argument leaves after them."""
   lowering = jax_lowered._lowering
-  kept = tuple(sorted(lowering.compile_args["kept_var_idx"]))
-  return kept, len(getattr(lowering, "const_args", ()) or ())
+  n_consts = len(getattr(lowering, "const_args", ()) or ())
+  kept = sorted(lowering.compile_args["kept_var_idx"])
+  return tuple(k - n_consts for k in kept if k >= n_consts), n_consts
+
+
+def compiled_num_const_args(jax_compiled) -> int:
+  """How many closed-over constants JAX passes a `jax.stages.Compiled`'s program as its leading
+  parameters (hoisted with `jax_use_simplified_jaxpr_constants`, the default from jax 0.12.1; its
+  `args_info` leaves them out). Only the call parameters hold them."""
+  params = getattr(jax_compiled, "_params", None)
+  return len(getattr(params, "const_args", None) or ())
 
 
 def lowered_closed_over_refs(jax_lowered) -> int:
@@ -358,6 +370,18 @@ from jax._src import dtypes as _dtypes
 from jax._src.interpreters import pxla as _pxla
 
 InvalidInputException = _dtypes.InvalidInputException
+
+
+# jax 0.12.1 deprecates the name `jax.sharding.SingleDeviceSharding` (reading it warns) and adds
+# `is_single_device_sharding`; earlier versions have only the class. Public either way.
+_IS_SINGLE_DEVICE = getattr(jax.sharding, "is_single_device_sharding", None)
+
+
+def is_single_device_sharding(sharding) -> bool:
+  """Whether `sharding` is JAX's one-device sharding, without the deprecation warning of 0.12.1."""
+  if _IS_SINGLE_DEVICE is not None:
+    return _IS_SINGLE_DEVICE(sharding)
+  return isinstance(sharding, jax.sharding.SingleDeviceSharding)
 
 
 def is_valid_jax_value(x) -> bool:

@@ -19,7 +19,7 @@ import jax.extend as jex
 # (its dialects registered); no public API gives one.
 from jax._src.interpreters import mlir as _mlir
 
-from donate._base.compat import lowered_closed_over_refs
+from donate._base.compat import lowered_closed_over_refs, lowered_kept_leaves
 
 _ALIAS, _DONOR = "tf.aliasing_output", "jax.buffer_donor"
 _OURS = (_ALIAS, _DONOR)
@@ -79,7 +79,7 @@ def lowered_with_aliases(
   A module that already says exactly that (the plan lowered before) is left as it is.
   """
   lowering = jax_lowered._lowering
-  kept = sorted(lowering.compile_args["kept_var_idx"])
+  kept, _ = lowered_kept_leaves(jax_lowered)  # hoisted constants lead `main`, not counted here
   ir = _mlir.ir
   original = lowering.stablehlo()
   context = original.context  # the lowering's own (a new context costs milliseconds)

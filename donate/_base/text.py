@@ -75,7 +75,7 @@ def sharding_str(sharding) -> str:
   every leaf of a wide pytree usually has one of a few).
 
   >>> import jax
-  >>> sharding_str(jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  >>> sharding_str(jax.sharding.make_single_device_sharding(jax.devices()[0]))
   'cpu:0'
   """
   if sharding is None:

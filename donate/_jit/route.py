@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from donate._base import compat as _compat
 from donate._base.text import format_bytes
 from donate._plan import keys as _keys
 from donate._plan.decision_types import Kind, Request
@@ -197,7 +198,7 @@ def _multi_device(leaves, outputs) -> bool:
 
 def num_devices(sharding) -> int:
   """Devices a sharding spans; abstract meshes (no devices) count by their size."""
-  if type(sharding) is jax.sharding.SingleDeviceSharding:
+  if _compat.is_single_device_sharding(sharding):
     return 1
   try:
     return len(sharding.device_set)

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 from jax import tree_util
 
+from donate._base import compat as _compat
 from donate._profile import baseline as _baseline
 from donate._profile import errors, liverange, naming, proto, reading
 from donate._profile import variants as _variants
@@ -373,9 +374,15 @@ def _jax_names(compiled, module) -> dict:
     flat, _ = tree_util.tree_flatten_with_path(compiled.out_info)
     out["out_paths"] = ["out" + tree_util.keystr(p) for p, _ in flat]
     infos = tree_util.tree_leaves(compiled.args_info)
-    if len(infos) == len(params):
-      out["donated"] = tuple(k for k, a in enumerate(infos) if a.donated)
-      out["in_shardings"] = tree_util.tree_leaves(compiled.input_shardings)
+    n = _compat.compiled_num_const_args(compiled)  # closed-over constants lead the parameters
+    if n and n + len(infos) == len(params):
+      out["in_paths"] = [naming.CONSTANT] * n + [
+        naming.entry_parameter_path(module, k) for k in range(n, len(params))
+      ]
+    if n + len(infos) == len(params):
+      out["donated"] = tuple(n + k for k, a in enumerate(infos) if a.donated)
+      shardings = tree_util.tree_leaves(compiled.input_shardings)
+      out["in_shardings"] = [None] * n + shardings if n else shardings
     out["out_shardings"] = tree_util.tree_leaves(compiled.output_shardings)
   except (AttributeError, TypeError, ValueError):
     pass

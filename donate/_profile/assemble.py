@@ -285,6 +285,8 @@ def _could_donate(params, outs, donated, signature, in_shardings, out_shardings,
   for p in params:
     if p.aliased or p.index in donated or p.index not in pairing.outputs:
       continue
+    if p.path == naming.CONSTANT:  # a closed-over constant: no argument to donate
+      continue
     o = by_index.get(pairing.outputs[p.index][0])
     if o is not None and _same_sharding(
       p.index, o.index, in_shardings, out_shardings, _ndim(p.shape)

@@ -13,7 +13,9 @@ The vocabulary (`CATEGORIES`):
   outside the backward pass reads it (the optimizer's update, an output), **state** when it is a
   loop's carry, **collective** when a collective made it or it lives in collective memory, else
   **temporaries**; a copy XLA made of an argument has the argument's category;
-- outputs that reuse no argument are **outputs**; the program's literals **constants**.
+- outputs that reuse no argument are **outputs**; the program's literals **constants**, and so are
+  the closed-over arrays JAX passes as leading parameters (`jax_use_simplified_jaxpr_constants`,
+  the default from jax 0.12.1), whose path is `<constant>`.
 
 Nothing is attributed by size or by a variable's name: the pass is JAX's name stack
 (`transpose(jvp(...))`), the rest is which instruction reads which.
@@ -127,6 +129,9 @@ def argument_categories(flow: Flow, module: _hlo.Module, params, pairing: Pairin
   out = {}
   for p in params:
     if p.index is None:
+      continue
+    if p.path == naming.CONSTANT:
+      out[p.index] = "constants"
       continue
     paired = pairing.outputs.get(p.index)
     if paired is None:

@@ -179,6 +179,11 @@ def kind_of(module: _hlo.Module, instr: _hlo.Instruction | None, collective: boo
   return "temporary"
 
 
+# The path of a parameter that holds a closed-over constant, not an argument (as a donate.jit
+# program names it, `_jit.compiled.Parameters`): its category is "constants", never donated.
+CONSTANT = "<constant>"
+
+
 def entry_parameter_path(module: _hlo.Module, number: int) -> str:
   """The path JAX wrote as an entry parameter's `op_name` (`params['w']`), or `arg<number>`."""
   param = module.entry.parameter(number)

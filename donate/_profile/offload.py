@@ -81,7 +81,12 @@ def placement(profile) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]] | 
   if not numbers:
     return None
   kept, n_consts = _compat.lowered_kept_leaves(lowered)
-  leaves = sorted(kept[k - n_consts] for k in numbers if k is not None and k >= n_consts)
+  n_traced = _compat.traced_num_consts(traced)  # traced constants lead the jaxpr's inputs
+  leaves = sorted(
+    kept[k - n_consts] - n_traced
+    for k in numbers
+    if k is not None and n_consts <= k < n_consts + len(kept) and kept[k - n_consts] >= n_traced
+  )
   ins = tree_util.tree_flatten_with_path(traced.args_info[0])[0]
   outs = tree_util.tree_flatten_with_path(traced.out_info)[0]
   found: list[tuple[int, int]] = []

@@ -284,7 +284,7 @@ class Program:
       raise ValueError("the profile has no trace to place in host memory")
     traced = self._traced_donating(made, merged.donate)
     leaves = tree_util.tree_leaves((self.args, self.kwargs))
-    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    default = jax.sharding.make_single_device_sharding(jax.devices()[0])
 
     def fallback(i: int):
       return getattr(leaves[i], "sharding", None) or default if i < len(leaves) else default

@@ -248,7 +248,7 @@ def target_platform(shardings, default_backend: str) -> str:
     ``"tpu"``). A GPU among several platforms wins.
 
   >>> import jax
-  >>> target_platform([None, jax.sharding.SingleDeviceSharding(jax.devices()[0])], "gpu")
+  >>> target_platform([None, jax.sharding.make_single_device_sharding(jax.devices()[0])], "gpu")
   'cpu'
   >>> target_platform([], "cpu")
   'cpu'
